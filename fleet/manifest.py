@@ -1,0 +1,200 @@
+"""The manifest: a YAML file of models x prompt sets x targets, validated before anything runs.
+
+Every bad input becomes a ManifestError naming the file, the field path and what was expected,
+so the CLI can print one line and exit 2 without a traceback and without writing results.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
+
+from actors import BACKENDS
+from actors.base import Strict, TargetArgs
+from fleet.errors import ManifestError
+from fleet.sources import ModelSource, PathSource
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+class ModelSpec(Strict):
+    name: Name = Field(description="Model name, used in result paths.")
+    source: ModelSource = Field(description="Where the weights come from (kind: path | synthetic).")
+
+
+class Prompt(Strict):
+    id: str = Field(min_length=1, description="Unique within its set.")
+    prompt: str = Field(description="Text sent to the model as is.")
+
+
+class Sampling(Strict):
+    temperature: float = Field(0.0, ge=0, description="0 is greedy, the only mode parity is defined for.")
+    max_tokens: int = Field(32, ge=1, description="Tokens generated per prompt.")
+    logprobs: int = Field(5, ge=1, le=20, description="Top-k logprobs recorded per position (vLLM caps at 20).")
+    seed: int = Field(0, description="Sampling seed when temperature > 0.")
+
+
+class RunOptions(Strict):
+    shard_size: int = Field(16, ge=1, description="Prompts per shard: the unit of dispatch, retry and writing.")
+
+
+def _target_union() -> Any:
+    kinds = tuple(backend.args for backend in BACKENDS.values())
+    return Annotated[kinds[0] if len(kinds) == 1 else _union(kinds), Field(discriminator="kind")]
+
+
+def _union(types: tuple[type, ...]) -> Any:
+    result: Any = types[0]
+    for t in types[1:]:
+        result = result | t
+    return result
+
+
+Target = _target_union()
+
+
+class Manifest(Strict):
+    models: list[ModelSpec] = Field(min_length=1, description="Models to evaluate.")
+    prompts: dict[Name, list[Prompt]] = Field(
+        min_length=1, description="Prompt sets by name: a list of {id, prompt} or {file: prompts.jsonl}."
+    )
+    targets: list[Target] = Field(min_length=1, description="Where and how each model runs.")  # type: ignore[valid-type]
+    reference: str = Field(description="Name of the target the others are compared with.")
+    sampling: Sampling = Field(default_factory=Sampling, description="Decoding settings, shared by all targets.")
+    run: RunOptions = Field(default_factory=RunOptions, description="How the work is cut and dispatched.")
+
+    @field_validator("prompts", mode="before")
+    @classmethod
+    def _load_prompt_files(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, dict):
+            return value
+        base = (info.context or {}).get("base_dir", Path.cwd())
+        return {name: _read_jsonl(base / spec["file"], name) if _is_file_ref(spec) else spec for name, spec in value.items()}
+
+    @field_validator("prompts")
+    @classmethod
+    def _unique_prompt_ids(cls, value: dict[str, list[Prompt]]) -> dict[str, list[Prompt]]:
+        for name, prompts in value.items():
+            ids = [p.id for p in prompts]
+            dupes = sorted({i for i in ids if ids.count(i) > 1})
+            if dupes:
+                msg = f"prompt set {name!r} has duplicate ids: {', '.join(dupes)}"
+                raise ValueError(msg)
+            if not prompts:
+                msg = f"prompt set {name!r} is empty"
+                raise ValueError(msg)
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Manifest:
+        for field, names in (("models", [m.name for m in self.models]), ("targets", [t.name for t in self.targets])):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                msg = f"{field}: duplicate names: {', '.join(dupes)}"
+                raise ValueError(msg)
+        if self.reference not in {t.name for t in self.targets}:
+            msg = f"reference {self.reference!r} names no target; targets are: {', '.join(t.name for t in self.targets)}"
+            raise ValueError(msg)
+        return self
+
+    def target(self, name: str) -> TargetArgs:
+        return next(t for t in self.targets if t.name == name)
+
+
+def _is_file_ref(spec: Any) -> bool:
+    return isinstance(spec, dict) and set(spec) == {"file"}
+
+
+def _read_jsonl(path: Path, set_name: str) -> list[dict[str, Any]]:
+    if not path.is_file():
+        msg = f"prompt set {set_name!r}: prompts file not found: {path}"
+        raise ValueError(msg)
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            msg = f"prompt set {set_name!r}: {path}:{lineno}: not JSON ({e.msg})"
+            raise ValueError(msg) from None
+        if not isinstance(row, dict) or not {"id", "prompt"} <= set(row):
+            msg = f"prompt set {set_name!r}: {path}:{lineno}: expected an object with 'id' and 'prompt'"
+            raise ValueError(msg)
+        rows.append({"id": str(row["id"]), "prompt": row["prompt"]})
+    return rows
+
+
+def load(path: str | Path) -> Manifest:
+    """Read and validate a manifest file; relative paths inside it are relative to the file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        msg = f"{path}: manifest file not found"
+        raise ManifestError(msg) from None
+    except yaml.YAMLError as e:
+        msg = f"{path}: not valid YAML: {e}"
+        raise ManifestError(msg) from None
+    if not isinstance(raw, dict):
+        msg = f"{path}: expected a mapping with models, prompts, targets, reference"
+        raise ManifestError(msg)
+    base_dir = path.resolve().parent
+    try:
+        manifest = TypeAdapter(Manifest).validate_python(raw, context={"base_dir": base_dir})
+    except ValidationError as e:
+        raise ManifestError(_format(path, raw, e)) from None
+    return _resolve_paths(manifest, base_dir, path)
+
+
+def _resolve_paths(manifest: Manifest, base_dir: Path, path: Path) -> Manifest:
+    models = []
+    for i, model in enumerate(manifest.models):
+        if isinstance(model.source, PathSource):
+            model_dir = (base_dir / model.source.path).resolve()
+            if not (model_dir / "config.json").is_file():
+                msg = f"{path}: models[{i}].source.path: {model_dir} is not a model directory (no config.json)"
+                raise ManifestError(msg)
+            model = model.model_copy(update={"source": PathSource(path=model_dir)})
+        models.append(model)
+    return manifest.model_copy(update={"models": models})
+
+
+def _format(path: Path, raw: Any, error: ValidationError) -> str:
+    lines = [f"{path}: {error.error_count()} error(s)"]
+    for err in error.errors(include_url=False):
+        loc, msg = _field_path(raw, err["loc"]), err["msg"].removeprefix("Value error, ")
+        if err["type"] == "union_tag_invalid":
+            loc, msg = f"{loc}.kind", f"unknown kind {err['input'].get('kind')!r}; known kinds: {_known(err)}"
+        elif err["type"] == "extra_forbidden":
+            msg = f"unknown key {_last_key(err['loc'])!r} (a typo? extra keys are not allowed)"
+        elif err["type"] not in ("missing", "value_error"):
+            msg += f" (got {err['input']!r})"
+        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
+    return "\n".join(lines)
+
+
+def _known(err: Any) -> str:
+    return str((err.get("ctx") or {}).get("expected_tags", ", ".join(BACKENDS))).replace("'", "")
+
+
+def _last_key(loc: tuple[int | str, ...]) -> str:
+    return str(loc[-1]) if loc else ""
+
+
+def _field_path(raw: Any, loc: tuple[int | str, ...]) -> str:
+    """`targets[1].dtype`: the location as the user wrote it, without pydantic's union tags."""
+    out, node = "", raw
+    for part in loc:
+        if isinstance(node, dict) and part not in node and node.get("kind") == part:
+            continue  # the discriminator value pydantic inserts, not a field the user wrote
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+        try:
+            node = node[part]  # type: ignore[index]
+        except (KeyError, IndexError, TypeError):
+            node = None
+    return out

@@ -1,0 +1,109 @@
+"""The result tables' Arrow schemas: defined once here, used by actors, store, analysis and docs.
+
+Bump SCHEMA_VERSION when a column changes meaning, type or unit; it is written into every
+Parquet file's metadata and into run.json so a reader can refuse what it does not understand.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+# Every table starts with these keys; together with `position` they identify a token row.
+_KEYS = [
+    pa.field("model", pa.string(), nullable=False, metadata={"doc": "model name from the manifest"}),
+    pa.field("target", pa.string(), nullable=False, metadata={"doc": "target name from the manifest"}),
+    pa.field("prompt_set", pa.string(), nullable=False, metadata={"doc": "prompt set name"}),
+]
+_TOPK = pa.list_(pa.int32())
+_TOPK_LP = pa.list_(pa.float32())
+
+
+def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
+    return pa.schema(fields, metadata={"fleet.table": name, "fleet.schema_version": str(SCHEMA_VERSION)})
+
+
+REQUESTS = _schema(
+    "requests",
+    [
+        *_KEYS,
+        pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+        pa.field("shard_id", pa.string(), nullable=False, metadata={"doc": "shard that produced the row"}),
+        pa.field("prompt", pa.string(), metadata={"doc": "prompt text as sent"}),
+        pa.field("prompt_token_ids", pa.list_(pa.int32()), metadata={"doc": "prompt as the engine tokenized it"}),
+        pa.field("output_text", pa.string(), metadata={"doc": "generated text"}),
+        pa.field("output_token_ids", pa.list_(pa.int32()), metadata={"doc": "generated token ids"}),
+        pa.field("n_prompt_tokens", pa.int32(), metadata={"doc": "tokens"}),
+        pa.field("n_output_tokens", pa.int32(), metadata={"doc": "tokens"}),
+        pa.field("finish_reason", pa.string(), metadata={"doc": "'length' or 'stop'"}),
+        pa.field("queue_s", pa.float64(), metadata={"doc": "seconds from queued to scheduled (engine clock)"}),
+        pa.field("ttft_s", pa.float64(), metadata={"doc": "seconds from scheduled to first token"}),
+        pa.field("tpot_s", pa.float64(), metadata={"doc": "seconds per output token after the first; null if <2"}),
+        pa.field("e2e_s", pa.float64(), metadata={"doc": "seconds from queued to last token"}),
+    ],
+)
+
+TOKENS = _schema(
+    "tokens",
+    [
+        *_KEYS,
+        pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+        pa.field("position", pa.int32(), nullable=False, metadata={"doc": "0-based index in the output"}),
+        pa.field("token_id", pa.int32(), nullable=False, metadata={"doc": "generated token"}),
+        pa.field("logprob", pa.float32(), metadata={"doc": "this target's log-probability of token_id (nats)"}),
+        pa.field("rank", pa.int32(), metadata={"doc": "1-based rank of token_id in this target's distribution"}),
+        pa.field("topk_ids", _TOPK, metadata={"doc": "this target's top-k token ids, best first"}),
+        pa.field("topk_logprobs", _TOPK_LP, metadata={"doc": "their log-probabilities (nats)"}),
+        pa.field("ref_logprob", pa.float32(), metadata={"doc": "reference's teacher-forced logprob of token_id"}),
+        pa.field("ref_rank", pa.int32(), metadata={"doc": "1-based rank of token_id under the reference"}),
+        pa.field("ref_topk_ids", _TOPK, metadata={"doc": "reference's top-k ids at this position"}),
+        pa.field("ref_topk_logprobs", _TOPK_LP, metadata={"doc": "their log-probabilities (nats)"}),
+    ],
+)
+
+SHARDS = _schema(
+    "shards",
+    [
+        *_KEYS,
+        pa.field("shard_id", pa.string(), nullable=False, metadata={"doc": "model/target/prompt_set/chunk"}),
+        pa.field("n_requests", pa.int32(), metadata={"doc": "prompts in the shard"}),
+        pa.field("n_output_tokens", pa.int32(), metadata={"doc": "tokens generated in the shard"}),
+        pa.field("started_at", pa.timestamp("us", tz="UTC"), metadata={"doc": "when generation began"}),
+        pa.field("wall_s", pa.float64(), metadata={"doc": "seconds of generation, warm engine"}),
+        pa.field("hostname", pa.string(), metadata={"doc": "node that ran it"}),
+    ],
+)
+
+# Columns the reference fills in by teacher-forced scoring of a candidate's tokens.
+SCORE_COLUMNS = ["ref_logprob", "ref_rank", "ref_topk_ids", "ref_topk_logprobs"]
+# What score() returns: the join keys plus SCORE_COLUMNS.
+SCORES = _schema(
+    "scores",
+    [TOKENS.field("prompt_id"), TOKENS.field("position"), *(TOKENS.field(c) for c in SCORE_COLUMNS)],
+)
+
+TABLES: dict[str, pa.Schema] = {"requests": REQUESTS, "tokens": TOKENS, "shards": SHARDS}
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Order and cast `table`'s columns to `schema`, adding absent nullable columns as nulls."""
+    columns = []
+    for field in schema:
+        if field.name in table.column_names:
+            columns.append(table.column(field.name).cast(field.type))
+        elif field.nullable:
+            columns.append(pa.nulls(table.num_rows, field.type))
+        else:
+            msg = f"table {schema.metadata[b'fleet.table'].decode()!r} lacks required column {field.name!r}"
+            raise ValueError(msg)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def markdown(schema: pa.Schema) -> str:
+    """The schema as a Markdown table, for the README (kept in sync by a test)."""
+    rows = ["| column | type | meaning |", "|---|---|---|"]
+    for field in schema:
+        doc = (field.metadata or {}).get(b"doc", b"").decode()
+        rows.append(f"| `{field.name}` | {field.type} | {doc} |")
+    return "\n".join(rows)

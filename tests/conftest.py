@@ -1,0 +1,75 @@
+"""Shared fixtures. Engine tests share one local Ray and one run of a small manifest per session:
+starting vLLM costs seconds per engine, so no test starts its own."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+# 8 prompts x 32 tokens, as in PLATFORM.md's parity table.
+PROMPTS = [
+    "The capital of France is",
+    "Which American-born Sinclair won the Nobel Prize for Literature in 1930?",
+    "What is the meaning of life?",
+    "Write a short poem about",
+    "Quantum computing is",
+    "The Pythagorean theorem states",
+    "Two plus two equals",
+    "The river flows to the sea because",
+]
+
+ENGINE_MANIFEST = textwrap.dedent(
+    """
+    models:
+      - name: tiny-llama
+        source: {kind: synthetic, family: llama, seed: 7, hidden_size: 128, intermediate_size: 256,
+                 num_layers: 2, num_heads: 4, num_kv_heads: 2, init_std: 0.1}
+    prompts:
+      eight:
+    PROMPTS_HERE
+    targets:
+      - {name: hf-fp32, kind: hf, device: cpu, dtype: float32}
+      - {name: vllm-fp32, kind: vllm, device: cpu, dtype: float32, max_model_len: 256}
+      - {name: vllm-bf16, kind: vllm, device: cpu, dtype: bfloat16, max_model_len: 256}
+    reference: hf-fp32
+    sampling: {max_tokens: 32, logprobs: 5}
+    run: {shard_size: 5}
+    """
+).replace("PROMPTS_HERE", "\n".join(f'    - {{id: p{i}, prompt: "{p}"}}' for i, p in enumerate(PROMPTS)))
+
+
+@pytest.fixture(scope="session")
+def fleet_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Synthetic models are built once per session into a private cache."""
+    cache = tmp_path_factory.mktemp("fleet-cache")
+    os.environ["FLEET_CACHE"] = str(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def local_ray(fleet_cache: Path):  # noqa: ANN201
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engine_run(local_ray: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real run: HF float32 reference, vLLM CPU float32 and bfloat16 candidates."""
+    from fleet import driver
+
+    base = tmp_path_factory.mktemp("engine-run")
+    manifest = base / "engine.yaml"
+    manifest.write_text(ENGINE_MANIFEST)
+    run_dir, outcome = driver.run(manifest, results_dir=base / "results", run_id="engine", progress=False)
+    assert not outcome.failures, outcome.failures
+    return run_dir

@@ -1,0 +1,121 @@
+"""Manifest validation: good input loads; each kind of bad input is one clear message, exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import ManifestError
+from fleet.manifest import load
+from fleet.plan import plan
+
+GOOD = textwrap.dedent(
+    """
+    models:
+      - name: tiny
+        source: {kind: synthetic, seed: 3}
+    prompts:
+      inline:
+        - {id: a, prompt: "The capital of France is"}
+        - {id: b, prompt: "Quantum computing is"}
+      from-file: {file: prompts.jsonl}
+    targets:
+      - {name: ref, kind: hf, device: cpu, dtype: float32}
+      - {name: cand, kind: vllm, device: cpu, dtype: bfloat16}
+    reference: ref
+    sampling: {max_tokens: 4, logprobs: 3}
+    run: {shard_size: 2}
+    """
+)
+
+
+def write(tmp_path: Path, text: str, jsonl: str | None = '{"id": "x", "prompt": "hi"}\n{"id": "y", "prompt": "yo"}\n') -> Path:
+    if jsonl is not None:
+        (tmp_path / "prompts.jsonl").write_text(jsonl)
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_good_manifest_loads_and_plans(tmp_path: Path) -> None:
+    m = load(write(tmp_path, GOOD))
+    assert [p.id for p in m.prompts["from-file"]] == ["x", "y"]
+    assert m.target("cand").kind == "vllm"
+    shards = plan(m)
+    # 1 model x 2 targets x (inline: 1 shard of 2, from-file: 1 shard of 2), reference first.
+    assert [s.shard_id for s in shards] == [
+        "tiny/ref/inline/00000",
+        "tiny/ref/from-file/00000",
+        "tiny/cand/inline/00000",
+        "tiny/cand/from-file/00000",
+    ]
+
+
+def test_cpu_vllm_targets_get_cpu_engine_defaults(tmp_path: Path) -> None:
+    m = load(write(tmp_path, GOOD))
+    env = m.target("cand").actor_env()
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert m.target("cand").ray_resources() == {"num_cpus": 1.0}
+
+
+def test_card_resources_per_device(tmp_path: Path) -> None:
+    m = load(write(tmp_path, GOOD.replace("kind: vllm, device: cpu", "kind: vllm, device: npu")))
+    assert m.target("cand").ray_resources() == {"num_cpus": 1.0, "resources": {"NPU": 1}}
+    m = load(write(tmp_path, GOOD.replace("kind: vllm, device: cpu", "kind: vllm, device: cuda")))
+    assert m.target("cand").ray_resources() == {"num_cpus": 1.0, "num_gpus": 1}
+
+
+BAD = {
+    "unknown key": (GOOD.replace("max_tokens: 4", "max_tokens: 4, max_tokenz: 5"), "sampling.max_tokenz", "unknown key"),
+    "wrong type": (GOOD.replace("max_tokens: 4", "max_tokens: lots"), "sampling.max_tokens", "integer"),
+    "unknown dtype": (GOOD.replace("dtype: bfloat16", "dtype: fp8"), "targets[1].dtype", "float32"),
+    "unknown kind": (GOOD.replace("kind: vllm", "kind: tensorrt"), "targets[1].kind", "known kinds: vllm, hf"),
+    "reference names no target": (GOOD.replace("reference: ref", "reference: nope"), "reference 'nope'", "ref, cand"),
+    "prompts file missing": (GOOD.replace("prompts.jsonl", "missing.jsonl"), "prompts", "missing.jsonl"),
+    "duplicate prompt ids": (GOOD.replace("id: b,", "id: a,"), "prompts", "duplicate ids: a"),
+    "model path not a model": (
+        GOOD.replace("{kind: synthetic, seed: 3}", "{kind: path, path: .}"),
+        "models[0].source.path",
+        "not a model directory",
+    ),
+    "duplicate target names": (GOOD.replace("name: cand", "name: ref"), "targets", "duplicate names: ref"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_manifest_is_one_clear_error(tmp_path: Path, case: str) -> None:
+    text, where, expected = BAD[case]
+    path = write(tmp_path, text)
+    with pytest.raises(ManifestError) as info:
+        load(path)
+    message = str(info.value)
+    assert str(path) in message and where in message and expected in message, message
+
+
+def test_bad_jsonl_line_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD, jsonl='{"id": "x", "prompt": "hi"}\n{"id": "y"}\n')
+    with pytest.raises(ManifestError, match=r"prompts\.jsonl:2: expected an object with 'id' and 'prompt'"):
+        load(path)
+
+
+@pytest.mark.parametrize("case", ["unknown key", "prompts file missing", "model path not a model"])
+def test_cli_exits_2_without_traceback_or_results(tmp_path: Path, case: str) -> None:
+    text, where, _ = BAD[case]
+    results = tmp_path / "results"
+    cmd = [sys.executable, "-m", "fleet", "run", str(write(tmp_path, text)), "--results", str(results)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and where in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not results.exists()
+
+
+def test_cli_missing_manifest_file(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet", "run", str(tmp_path / "nope.yaml")], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "manifest file not found" in proc.stderr and "Traceback" not in proc.stderr
