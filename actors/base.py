@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,7 +39,7 @@ class TargetArgs(Strict):
         """Environment the actor process starts with (backends add their defaults)."""
         return dict(self.env)
 
-    def ray_resources(self) -> dict[str, float]:
+    def ray_resources(self) -> dict[str, Any]:
         """Ray options that pin one card to this target's actor."""
         if self.device == "cuda":
             return {"num_cpus": self.num_cpus, "num_gpus": 1}
@@ -81,6 +81,7 @@ class Engine(ABC):
     def describe(self) -> dict[str, str]:
         """Provenance: library versions and device names as this process sees them."""
 
+    @abstractmethod
     def shutdown(self) -> None:
         """Release the engine and any child processes; the actor calls it before it exits."""
 
@@ -122,7 +123,7 @@ def to_generation(shard: Shard, completions: list[Completion], *, started_at: fl
 
     from fleet import schema
 
-    keys = {"model": shard.model, "target": shard.target, "prompt_set": shard.prompt_set}
+    keys: dict[str, object] = {"model": shard.model, "target": shard.target, "prompt_set": shard.prompt_set}
     requests = pa.Table.from_pylist(
         [
             keys

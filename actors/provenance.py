@@ -48,7 +48,7 @@ def device_name(device: str) -> str:
     if device == "npu":
         import torch_npu  # noqa: F401  (registers torch.npu)
 
-        return str(torch.npu.get_device_name(0))  # type: ignore[attr-defined]
+        return str(torch.npu.get_device_name(0))
     return _cpu_name()
 
 

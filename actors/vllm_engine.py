@@ -105,8 +105,8 @@ class VllmEngine(Engine):
         """Teacher forcing through prompt_logprobs: prompt + output as one prompt, one token generated."""
         from vllm.inputs import TokensPrompt
 
-        rows = [r for r in requests.select(["prompt_id", "prompt_token_ids", "output_token_ids"]).to_pylist()]
-        rows = [r for r in rows if r["output_token_ids"]]
+        columns = requests.select(["prompt_id", "prompt_token_ids", "output_token_ids"]).to_pylist()
+        rows = [r for r in columns if r["output_token_ids"]]
         prompts = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"] + r["output_token_ids"]) for r in rows]
         params = self._params(max_tokens=1, logprobs=None, prompt_logprobs=k, temperature=0.0)
         outputs = self.llm.generate(prompts, params, use_tqdm=False)

@@ -14,11 +14,15 @@ EXIT_OK, EXIT_USAGE, EXIT_PARTIAL = 0, 2, 3
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fleet", description="Parity and performance of LLM serving targets vs a reference.")
+    p = argparse.ArgumentParser(
+        prog="fleet", description="Parity and performance of LLM serving targets vs a reference."
+    )
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a manifest, write Parquet results, print the summary")
     run.add_argument("manifest", type=Path, help="manifest YAML file")
-    run.add_argument("--results", type=Path, default=Path("results"), help="where run directories go (default: results)")
+    run.add_argument(
+        "--results", type=Path, default=Path("results"), help="where run directories go (default: results)"
+    )
     run.add_argument("--run-id", help="run directory name (default: <manifest stem>-<UTC time>)")
     run.add_argument("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else start a local Ray)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -6,6 +6,7 @@ so bad input never leaves a run directory behind.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import os
@@ -44,10 +45,8 @@ def _driver_versions() -> dict[str, str]:
 
     versions = {"python": platform.python_version(), "hostname": socket.gethostname()}
     for dist in ("fleet-eval", "ray", "pyarrow", "polars", "pydantic"):
-        try:
+        with contextlib.suppress(md.PackageNotFoundError):
             versions[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
     return versions
 
 

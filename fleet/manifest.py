@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
@@ -54,7 +54,10 @@ def _union(types: tuple[type, ...]) -> Any:
     return result
 
 
-Target = _target_union()
+if TYPE_CHECKING:
+    Target = TargetArgs
+else:  # a union over the registered args models, discriminated on `kind`
+    Target = _target_union()
 
 
 class Manifest(Strict):
@@ -62,7 +65,7 @@ class Manifest(Strict):
     prompts: dict[Name, list[Prompt]] = Field(
         min_length=1, description="Prompt sets by name: a list of {id, prompt} or {file: prompts.jsonl}."
     )
-    targets: list[Target] = Field(min_length=1, description="Where and how each model runs.")  # type: ignore[valid-type]
+    targets: list[Target] = Field(min_length=1, description="Where and how each model runs.")
     reference: str = Field(description="Name of the target the others are compared with.")
     sampling: Sampling = Field(default_factory=Sampling, description="Decoding settings, shared by all targets.")
     run: RunOptions = Field(default_factory=RunOptions, description="How the work is cut and dispatched.")
@@ -73,7 +76,9 @@ class Manifest(Strict):
         if not isinstance(value, dict):
             return value
         base = (info.context or {}).get("base_dir", Path.cwd())
-        return {name: _read_jsonl(base / spec["file"], name) if _is_file_ref(spec) else spec for name, spec in value.items()}
+        return {
+            name: _read_jsonl(base / spec["file"], name) if _is_file_ref(spec) else spec for name, spec in value.items()
+        }
 
     @field_validator("prompts")
     @classmethod
@@ -97,7 +102,9 @@ class Manifest(Strict):
                 msg = f"{field}: duplicate names: {', '.join(dupes)}"
                 raise ValueError(msg)
         if self.reference not in {t.name for t in self.targets}:
-            msg = f"reference {self.reference!r} names no target; targets are: {', '.join(t.name for t in self.targets)}"
+            msg = (
+                f"reference {self.reference!r} names no target; targets are: {', '.join(t.name for t in self.targets)}"
+            )
             raise ValueError(msg)
         return self
 
@@ -194,7 +201,7 @@ def _field_path(raw: Any, loc: tuple[int | str, ...]) -> str:
             continue  # the discriminator value pydantic inserts, not a field the user wrote
         out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
         try:
-            node = node[part]  # type: ignore[index]
+            node = node[part]
         except (KeyError, IndexError, TypeError):
             node = None
     return out

@@ -8,6 +8,7 @@ cluster the next target's actor can take its card while the reference stays up f
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -40,9 +41,10 @@ def check_fits(manifest: Manifest, cluster: dict[str, float]) -> None:
     the reference stays up to score every candidate, so anything less would wait forever."""
     ref = manifest.target(manifest.reference)
     for cand in manifest.targets:
-        need: Counter[str] = Counter(_flat(ref.ray_resources()))
+        need = _flat(ref.ray_resources())
         if cand.name != ref.name:
-            need.update(_flat(cand.ray_resources()))
+            for key, amount in _flat(cand.ray_resources()).items():
+                need[key] = need.get(key, 0.0) + amount
         short = {k: v for k, v in need.items() if cluster.get(k, 0.0) < v}
         if short:
             have = {k: cluster.get(k, 0.0) for k in short}
@@ -102,10 +104,8 @@ def _run_model(
         card = cards.pop(target, None)
         if card is None:
             return
-        try:
+        with contextlib.suppress(Exception):  # a dead actor has nothing left to shut down
             ray.get(card.shutdown.remote(), timeout=120)
-        except Exception:  # noqa: BLE001  (a dead actor has nothing left to shut down)
-            pass
         ray.kill(card)
 
     def finish(gen: Generation, tokens: pa.Table) -> None:

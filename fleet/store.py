@@ -29,7 +29,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    tmp.replace(path)
 
 
 def now() -> str:
@@ -61,7 +61,7 @@ class RunStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         pq.write_table(schema.conform(data, schema.TABLES[table]), tmp, compression="zstd")
-        os.replace(tmp, path)
+        tmp.replace(path)
         return path
 
     def info(self) -> dict[str, Any]:

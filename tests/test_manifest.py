@@ -33,7 +33,9 @@ GOOD = textwrap.dedent(
 )
 
 
-def write(tmp_path: Path, text: str, jsonl: str | None = '{"id": "x", "prompt": "hi"}\n{"id": "y", "prompt": "yo"}\n') -> Path:
+def write(
+    tmp_path: Path, text: str, jsonl: str | None = '{"id": "x", "prompt": "hi"}\n{"id": "y", "prompt": "yo"}\n'
+) -> Path:
     if jsonl is not None:
         (tmp_path / "prompts.jsonl").write_text(jsonl)
     path = tmp_path / "m.yaml"
@@ -70,7 +72,11 @@ def test_card_resources_per_device(tmp_path: Path) -> None:
 
 
 BAD = {
-    "unknown key": (GOOD.replace("max_tokens: 4", "max_tokens: 4, max_tokenz: 5"), "sampling.max_tokenz", "unknown key"),
+    "unknown key": (
+        GOOD.replace("max_tokens: 4", "max_tokens: 4, max_tokenz: 5"),
+        "sampling.max_tokenz",
+        "unknown key",
+    ),
     "wrong type": (GOOD.replace("max_tokens: 4", "max_tokens: lots"), "sampling.max_tokens", "integer"),
     "unknown dtype": (GOOD.replace("dtype: bfloat16", "dtype: fp8"), "targets[1].dtype", "float32"),
     "unknown kind": (GOOD.replace("kind: vllm", "kind: tensorrt"), "targets[1].kind", "known kinds: vllm, hf"),

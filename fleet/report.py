@@ -1,0 +1,119 @@
+"""The run summary, recomputed from a run directory's Parquet files and run.json alone.
+
+Tables are printed as Markdown, so a summary pastes straight into an adaptation report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from fleet import analysis
+from fleet.errors import UserError
+from fleet.store import RUN_JSON
+
+PARITY_COLUMNS = {
+    "model": "model",
+    "target": "candidate",
+    "n_prompts": "prompts",
+    "first_top1_agreement": "first top-1",
+    "first_logprob_diff_mean": "first |dlogp|",
+    "first_prob_rel_err_mean": "first P rel err",
+    "seq_match_rate": "seq match",
+    "token_match_rate": "token match",
+    "pearson_r": "r (matched)",
+    "mae": "MAE (matched)",
+    "tf_top1_agreement": "TF top-1",
+    "tf_max_abs_logprob_diff": "TF max |dlogp|",
+    "kl_topk_mean": "KL top-k",
+    "first_divergence_mean": "first div (mean pos)",
+    "n_diverged": "diverged",
+}
+PERF_COLUMNS = {
+    "model": "model",
+    "target": "target",
+    "n_requests": "requests",
+    "output_tokens": "out tokens",
+    "output_tok_s": "out tok/s",
+    "ttft_p50_s": "TTFT p50 s",
+    "ttft_p90_s": "TTFT p90 s",
+    "ttft_p99_s": "TTFT p99 s",
+    "tpot_p50_s": "TPOT p50 s",
+    "tpot_p90_s": "TPOT p90 s",
+    "tpot_p99_s": "TPOT p99 s",
+    "e2e_p50_s": "E2E p50 s",
+    "e2e_p99_s": "E2E p99 s",
+}
+
+
+def read_info(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_JSON
+    if not path.is_file():
+        msg = f"{run_dir}: not a run directory (no {RUN_JSON})"
+        raise UserError(msg)
+    info: dict[str, Any] = json.loads(path.read_text())
+    return info
+
+
+FIRST_STEP_COLUMNS = {
+    "model": "model",
+    "target": "candidate",
+    "prompt_set": "set",
+    "prompt_id": "prompt",
+    "ref_logprob_of_cand": "ref logprob",
+    "cand_logprob": "cand logprob",
+    "logprob_diff": "|diff|",
+    "p_ref": "ref P",
+    "p_cand": "cand P",
+    "rel_err": "rel err",
+    "top1_match": "top-1 match",
+}
+
+
+def _table(frame: pl.DataFrame, columns: dict[str, str]) -> str:
+    frame = frame.select([c for c in columns if c in frame.columns])
+    # 4 significant digits: a float32 port's 3e-6 must not print as 0.0000.
+    frame = frame.with_columns(
+        pl.col(c).map_elements(lambda v: f"{v:.4g}", return_dtype=pl.String)
+        for c, dtype in frame.schema.items()
+        if dtype.is_float()
+    ).rename(columns, strict=False)
+    with pl.Config(
+        tbl_formatting="ASCII_MARKDOWN",
+        tbl_hide_column_data_types=True,
+        tbl_hide_dataframe_shape=True,
+        tbl_rows=-1,
+        tbl_cols=-1,
+        tbl_width_chars=400,
+        fmt_str_lengths=80,
+    ):
+        return str(frame)
+
+
+def render(run_dir: Path) -> tuple[str, bool]:
+    """The summary text, and whether the run completed with every target."""
+    info = read_info(run_dir)
+    reference = info["reference"]
+    tables = {name: frame.collect() for name, frame in analysis.load(run_dir).items()}
+    out = [
+        f"# fleet-eval run {info.get('run_id', run_dir.name)}",
+        f"status: {info.get('status')}  started: {info.get('started_at')}  finished: {info.get('finished_at')}",
+        f"manifest: {info.get('manifest_path')} (sha256 {str(info.get('manifest_sha256', ''))[:12]})",
+        f"reference: {reference}",
+    ]
+    for key, reason in (info.get("failures") or {}).items():
+        out.append(f"FAILED {key}: {reason}")
+    parity = analysis.parity(tables["requests"], tables["tokens"], reference)
+    out += [
+        "",
+        "## Parity vs reference (TF = teacher-forced on the candidate's tokens)",
+        _table(parity, PARITY_COLUMNS),
+    ]
+    first = analysis.first_step(tables["tokens"], reference)
+    out += ["", "## First step per prompt", _table(first, FIRST_STEP_COLUMNS)]
+    perf = analysis.throughput(tables["requests"], tables["shards"])
+    out += ["", "## Throughput and latency per target (engine-side timestamps)", _table(perf, PERF_COLUMNS)]
+    return "\n".join(out), info.get("status") == "complete"
