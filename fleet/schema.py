@@ -100,10 +100,16 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def _type_name(t: pa.DataType) -> str:
+    if pa.types.is_list(t):
+        return f"list<{_type_name(t.value_type)}>"
+    return {"float": "float32", "double": "float64"}.get(str(t), str(t))
+
+
 def markdown(schema: pa.Schema) -> str:
     """The schema as a Markdown table, for the README (kept in sync by a test)."""
     rows = ["| column | type | meaning |", "|---|---|---|"]
     for field in schema:
         doc = (field.metadata or {}).get(b"doc", b"").decode()
-        rows.append(f"| `{field.name}` | {field.type} | {doc} |")
+        rows.append(f"| `{field.name}` | {_type_name(field.type)} | {doc} |")
     return "\n".join(rows)

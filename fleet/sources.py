@@ -37,8 +37,8 @@ class SyntheticSource(Strict):
     kind: Literal["synthetic"] = "synthetic"
     family: Literal["llama", "qwen2"] = Field("llama", description="Architecture family.")
     seed: int = Field(0, description="Seed for the weights.")
-    hidden_size: int = Field(64, ge=8, description="Model width.")
-    intermediate_size: int = Field(128, ge=8, description="MLP width.")
+    hidden_size: int = Field(128, ge=8, description="Model width.")
+    intermediate_size: int = Field(256, ge=8, description="MLP width.")
     num_layers: int = Field(2, ge=1, description="Decoder layers.")
     num_heads: int = Field(4, ge=1, description="Attention heads.")
     num_kv_heads: int = Field(2, ge=1, description="Key/value heads (GQA when fewer than heads).")

@@ -62,9 +62,10 @@ def test_every_position_scored_and_every_row_once(engine_run: Path) -> None:
     assert tokens.select(["target", "prompt_id", "position"]).is_duplicated().sum() == 0
     candidates = tokens.filter(pl.col("target") != "hf-fp32")
     assert candidates["ref_logprob"].null_count() == 0
-    assert tokens.filter(pl.col("target") == "hf-fp32")["ref_logprob"].null_count() == tokens.filter(
-        pl.col("target") == "hf-fp32"
-    ).height
+    assert (
+        tokens.filter(pl.col("target") == "hf-fp32")["ref_logprob"].null_count()
+        == tokens.filter(pl.col("target") == "hf-fp32").height
+    )
     assert (candidates["topk_ids"].list.len() == 5).all()
 
 
