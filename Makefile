@@ -10,7 +10,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint docs clean
 
 setup: $(STAMP)
 
@@ -36,3 +36,6 @@ test: lint
 
 clean:
 	rm -rf $(VENV)
+
+docs: setup
+	$(PY) -m fleet.schema

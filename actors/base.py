@@ -12,8 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from fleet.manifest import Sampling
+    from fleet.manifest import ModelSpec, Sampling
     from fleet.plan import Shard
+    from fleet.prompts import Prompt
 
 Device = Literal["cpu", "cuda", "npu"]
 DType = Literal["float32", "bfloat16", "float16"]
@@ -57,6 +58,20 @@ class Generation:
     shard: pa.Table
 
 
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model as resolved on the actor's node: the manifest entry plus where it landed."""
+
+    spec: ModelSpec
+    path: Path
+    weights: str  # sha256 prefix of the weight files: tells two "same name" models apart
+    revision: str | None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
 class Engine(ABC):
     """An inference engine living inside one actor, on one card.
 
@@ -65,11 +80,13 @@ class Engine(ABC):
     it returns fleet.schema.SCORES rows, one per output position, from one forward pass each.
     """
 
-    def __init__(self, args: TargetArgs, model_dir: Path, *, model_name: str, sampling: Sampling) -> None:
+    def __init__(self, args: TargetArgs, model: ResolvedModel, *, sampling: Sampling) -> None:
         self.args = args
-        self.model_dir = model_dir
-        self.model_name = model_name
+        self.model = model
         self.sampling = sampling
+        # Per-model overrides beat the target's own settings.
+        self.dtype: str = model.spec.dtype or args.dtype
+        self.tokenizer_path = model.spec.tokenizer or str(model.path)
 
     @abstractmethod
     def generate(self, shard: Shard) -> Generation: ...
@@ -98,8 +115,8 @@ class Backend:
 class Completion:
     """One request's outcome, engine-neutral; `to_generation` turns a shard's worth into tables."""
 
-    prompt_id: str
-    prompt: str
+    prompt: Prompt
+    rendered: str  # the text the model saw: the prompt, or the messages through the chat template
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     output_text: str
@@ -114,7 +131,9 @@ class Completion:
     e2e_s: float | None
 
 
-def to_generation(shard: Shard, completions: list[Completion], *, started_at: float, wall_s: float) -> Generation:
+def to_generation(
+    shard: Shard, model: ResolvedModel, completions: list[Completion], *, started_at: float, wall_s: float
+) -> Generation:
     """Build the requests, tokens and shards rows of one shard (ref_* columns left null)."""
     import datetime as dt
     import socket
@@ -123,14 +142,21 @@ def to_generation(shard: Shard, completions: list[Completion], *, started_at: fl
 
     from fleet import schema
 
-    keys: dict[str, object] = {"model": shard.model, "target": shard.target, "prompt_set": shard.prompt_set}
+    keys: dict[str, object] = {
+        "model": shard.model,
+        "model_weights": model.weights,
+        "target": shard.target,
+        "prompt_set": shard.prompt_set,
+    }
     requests = pa.Table.from_pylist(
         [
             keys
             | {
-                "prompt_id": c.prompt_id,
+                "prompt_id": c.prompt.id,
                 "shard_id": shard.shard_id,
-                "prompt": c.prompt,
+                "prompt": c.rendered,
+                "messages": c.prompt.messages_json(),
+                "expected": c.prompt.expected.rule() if c.prompt.expected else None,
                 "prompt_token_ids": c.prompt_token_ids,
                 "output_text": c.output_text,
                 "output_token_ids": c.output_token_ids,
@@ -148,10 +174,8 @@ def to_generation(shard: Shard, completions: list[Completion], *, started_at: fl
     n = [len(c.output_token_ids) for c in completions]
     tokens = pa.table(
         {
-            "model": [shard.model] * sum(n),
-            "target": [shard.target] * sum(n),
-            "prompt_set": [shard.prompt_set] * sum(n),
-            "prompt_id": [c.prompt_id for c in completions for _ in c.output_token_ids],
+            **{key: [value] * sum(n) for key, value in keys.items()},
+            "prompt_id": [c.prompt.id for c in completions for _ in c.output_token_ids],
             "position": [i for c in completions for i in range(len(c.output_token_ids))],
             "token_id": [t for c in completions for t in c.output_token_ids],
             "logprob": [x for c in completions for x in c.logprobs],

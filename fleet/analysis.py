@@ -283,3 +283,49 @@ def throughput(requests: Frame, shards: Frame) -> pl.DataFrame:
         .sort(_RUN)
         .collect()
     )
+
+
+def accuracy(requests: Frame, reference: str) -> pl.DataFrame:
+    """Per (model, target) over prompts with an expected answer: accuracy = correct / n, in %;
+    delta_points = accuracy - the reference's accuracy on the same model (fleet.prompts.is_correct)."""
+    from fleet.prompts import is_correct
+
+    judged = (
+        requests.lazy()
+        .filter(pl.col("expected").is_not_null())
+        .with_columns(
+            correct=pl.struct("expected", "output_text").map_elements(
+                lambda r: is_correct(r["expected"], r["output_text"]), return_dtype=pl.Boolean
+            )
+        )
+    )
+    per_target = judged.group_by(_RUN).agg(
+        n_expected=pl.len(), n_correct=pl.col("correct").sum(), accuracy_pct=100 * pl.col("correct").mean()
+    )
+    ref = per_target.filter(pl.col("target") == reference).select("model", ref_accuracy_pct="accuracy_pct")
+    return (
+        per_target.join(ref, on="model", how="left")
+        .with_columns(delta_points=pl.col("accuracy_pct") - pl.col("ref_accuracy_pct"))
+        .sort(_RUN)
+        .collect()
+    )
+
+
+def answers(requests: Frame, reference: str) -> pl.DataFrame:
+    """Per candidate prompt: the reference's and the candidate's output text side by side, whether
+    the token ids match, and (where an answer is expected) whether each is correct."""
+    from fleet.prompts import is_correct
+
+    ref, cand = _split(requests, reference)
+    judge = pl.struct("expected", "output_text").map_elements(
+        lambda r: is_correct(r["expected"], r["output_text"]), return_dtype=pl.Boolean
+    )
+    ref_side = ref.select(*_PROMPT, ref_text="output_text", _ref_ids="output_token_ids", ref_correct=judge)
+    cand_side = cand.select(*_CAND, cand_text="output_text", _cand_ids="output_token_ids", cand_correct=judge)
+    return (
+        cand_side.join(ref_side, on=_PROMPT, how="inner")
+        .with_columns(match=pl.col("_cand_ids") == pl.col("_ref_ids"))
+        .drop("_cand_ids", "_ref_ids")
+        .sort(_CAND)
+        .collect()
+    )

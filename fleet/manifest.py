@@ -6,7 +6,6 @@ so the CLI can print one line and exit 2 without a traceback and without writing
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -14,8 +13,9 @@ import yaml
 from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
 
 from actors import BACKENDS
-from actors.base import Strict, TargetArgs
+from actors.base import DType, Strict, TargetArgs
 from fleet.errors import ManifestError
+from fleet.prompts import Prompt, expand
 from fleet.sources import ModelSource, PathSource
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
@@ -23,12 +23,11 @@ Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 class ModelSpec(Strict):
     name: Name = Field(description="Model name, used in result paths.")
-    source: ModelSource = Field(description="Where the weights come from (kind: path | synthetic).")
-
-
-class Prompt(Strict):
-    id: str = Field(min_length=1, description="Unique within its set.")
-    prompt: str = Field(description="Text sent to the model as is.")
+    source: ModelSource = Field(description="Where the weights come from (kind: path | synthetic | hf | ...).")
+    max_model_len: int | None = Field(None, ge=16, description="Context length for every target of this model.")
+    dtype: DType | None = Field(None, description="Overrides every target's dtype for this model.")
+    tokenizer: str | None = Field(None, description="Tokenizer directory or id, when not the model's own.")
+    trust_remote_code: bool = Field(False, description="Run code shipped with the model (off unless set).")
 
 
 class Sampling(Strict):
@@ -63,7 +62,8 @@ else:  # a union over the registered args models, discriminated on `kind`
 class Manifest(Strict):
     models: list[ModelSpec] = Field(min_length=1, description="Models to evaluate.")
     prompts: dict[Name, list[Prompt]] = Field(
-        min_length=1, description="Prompt sets by name: a list of {id, prompt} or {file: prompts.jsonl}."
+        min_length=1,
+        description="Prompt sets by name: a list of prompts, {file: prompts.jsonl} or {builtin: NAME}.",
     )
     targets: list[Target] = Field(min_length=1, description="Where and how each model runs.")
     reference: str = Field(description="Name of the target the others are compared with.")
@@ -76,20 +76,18 @@ class Manifest(Strict):
         if not isinstance(value, dict):
             return value
         base = (info.context or {}).get("base_dir", Path.cwd())
-        return {
-            name: _read_jsonl(base / spec["file"], name) if _is_file_ref(spec) else spec for name, spec in value.items()
-        }
+        return {name: expand(name, spec, base) for name, spec in value.items()}
 
     @field_validator("prompts")
     @classmethod
     def _unique_prompt_ids(cls, value: dict[str, list[Prompt]]) -> dict[str, list[Prompt]]:
-        for name, prompts in value.items():
-            ids = [p.id for p in prompts]
+        for name, prompt_set in value.items():
+            ids = [p.id for p in prompt_set]
             dupes = sorted({i for i in ids if ids.count(i) > 1})
             if dupes:
                 msg = f"prompt set {name!r} has duplicate ids: {', '.join(dupes)}"
                 raise ValueError(msg)
-            if not prompts:
+            if not prompt_set:
                 msg = f"prompt set {name!r} is empty"
                 raise ValueError(msg)
         return value
@@ -110,30 +108,6 @@ class Manifest(Strict):
 
     def target(self, name: str) -> TargetArgs:
         return next(t for t in self.targets if t.name == name)
-
-
-def _is_file_ref(spec: Any) -> bool:
-    return isinstance(spec, dict) and set(spec) == {"file"}
-
-
-def _read_jsonl(path: Path, set_name: str) -> list[dict[str, Any]]:
-    if not path.is_file():
-        msg = f"prompt set {set_name!r}: prompts file not found: {path}"
-        raise ValueError(msg)
-    rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            msg = f"prompt set {set_name!r}: {path}:{lineno}: not JSON ({e.msg})"
-            raise ValueError(msg) from None
-        if not isinstance(row, dict) or not {"id", "prompt"} <= set(row):
-            msg = f"prompt set {set_name!r}: {path}:{lineno}: expected an object with 'id' and 'prompt'"
-            raise ValueError(msg)
-        rows.append({"id": str(row["id"]), "prompt": row["prompt"]})
-    return rows
 
 
 def load(path: str | Path) -> Manifest:

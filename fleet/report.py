@@ -49,6 +49,26 @@ PERF_COLUMNS = {
 }
 
 
+ANSWER_COLUMNS = {
+    "model": "model",
+    "target": "candidate",
+    "prompt_id": "prompt",
+    "ref_text": "reference output",
+    "cand_text": "candidate output",
+    "match": "match",
+    "ref_correct": "ref correct",
+    "cand_correct": "cand correct",
+}
+ACCURACY_COLUMNS = {
+    "model": "model",
+    "target": "target",
+    "n_expected": "prompts",
+    "n_correct": "correct",
+    "accuracy_pct": "accuracy %",
+    "delta_points": "vs reference (points)",
+}
+
+
 def read_info(run_dir: Path) -> dict[str, Any]:
     path = run_dir / RUN_JSON
     if not path.is_file():
@@ -106,14 +126,26 @@ def render(run_dir: Path) -> tuple[str, bool]:
     ]
     for key, reason in (info.get("failures") or {}).items():
         out.append(f"FAILED {key}: {reason}")
-    parity = analysis.parity(tables["requests"], tables["tokens"], reference)
+    weights = tables["requests"].group_by("model").agg(pl.col("model_weights").unique())
+    for model, digests in weights.iter_rows():
+        if len(digests) > 1:  # every target of a model must have loaded the same bytes
+            out.append(f"WARNING {model}: targets loaded different weights {sorted(digests)}")
+    requests, tokens = tables["requests"], tables["tokens"]
+    parity = analysis.parity(requests, tokens, reference)
     out += [
         "",
         "## Parity vs reference (TF = teacher-forced on the candidate's tokens)",
         _table(parity, PARITY_COLUMNS),
     ]
-    first = analysis.first_step(tables["tokens"], reference)
+    first = analysis.first_step(tokens, reference)
     out += ["", "## First step per prompt", _table(first, FIRST_STEP_COLUMNS)]
-    perf = analysis.throughput(tables["requests"], tables["shards"])
+    answers = analysis.answers(requests, reference).with_columns(
+        pl.col("match").replace_strict({True: "✅", False: "❌"}, return_dtype=pl.String)
+    )
+    out += ["", "## Full sequences (greedy)", _table(answers, ANSWER_COLUMNS)]
+    accuracy = analysis.accuracy(requests, reference)
+    if accuracy.height:
+        out += ["", "## Task accuracy (prompts with an expected answer)", _table(accuracy, ACCURACY_COLUMNS)]
+    perf = analysis.throughput(requests, tables["shards"])
     out += ["", "## Throughput and latency per target (engine-side timestamps)", _table(perf, PERF_COLUMNS)]
     return "\n".join(out), info.get("status") == "complete"

@@ -13,6 +13,12 @@ SCHEMA_VERSION = 1
 # Every table starts with these keys; together with `position` they identify a token row.
 _KEYS = [
     pa.field("model", pa.string(), nullable=False, metadata={"doc": "model name from the manifest"}),
+    pa.field(
+        "model_weights",
+        pa.string(),
+        nullable=False,
+        metadata={"doc": "sha256 (16 hex) of the weight files the target loaded"},
+    ),
     pa.field("target", pa.string(), nullable=False, metadata={"doc": "target name from the manifest"}),
     pa.field("prompt_set", pa.string(), nullable=False, metadata={"doc": "prompt set name"}),
 ]
@@ -30,7 +36,9 @@ REQUESTS = _schema(
         *_KEYS,
         pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
         pa.field("shard_id", pa.string(), nullable=False, metadata={"doc": "shard that produced the row"}),
-        pa.field("prompt", pa.string(), metadata={"doc": "prompt text as sent"}),
+        pa.field("prompt", pa.string(), metadata={"doc": "prompt text as sent (chat: as rendered by the template)"}),
+        pa.field("messages", pa.string(), metadata={"doc": "chat messages as JSON; null for text prompts"}),
+        pa.field("expected", pa.string(), metadata={"doc": 'expected-answer rule as JSON, e.g. {"number": 4}'}),
         pa.field("prompt_token_ids", pa.list_(pa.int32()), metadata={"doc": "prompt as the engine tokenized it"}),
         pa.field("output_text", pa.string(), metadata={"doc": "generated text"}),
         pa.field("output_token_ids", pa.list_(pa.int32()), metadata={"doc": "generated token ids"}),
@@ -113,3 +121,20 @@ def markdown(schema: pa.Schema) -> str:
         doc = (field.metadata or {}).get(b"doc", b"").decode()
         rows.append(f"| `{field.name}` | {_type_name(field.type)} | {doc} |")
     return "\n".join(rows)
+
+
+def sync_readme(path: str = "README.md") -> None:
+    """Rewrite the README's schema tables (between <!-- schema:NAME --> markers) from the code."""
+    import re
+    from pathlib import Path
+
+    readme = Path(path)
+    text = readme.read_text()
+    for name, declared in TABLES.items():
+        block = re.compile(rf"(<!-- schema:{name} -->\n).*?(<!-- /schema -->)", re.S)
+        text = block.sub(lambda m, d=declared: m.group(1) + markdown(d) + "\n" + m.group(2), text)
+    readme.write_text(text)
+
+
+if __name__ == "__main__":
+    sync_readme()

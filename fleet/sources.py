@@ -48,7 +48,9 @@ class SyntheticSource(Strict):
 
     def digest(self) -> str:
         """Content key of the model this spec builds (also the cache directory name)."""
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+        from fleet.synthetic import FORMAT
+
+        return hashlib.sha256(f"{FORMAT}:{self.model_dump_json()}".encode()).hexdigest()[:16]
 
     def local_dir(self) -> Path:
         """Build (once, under a lock) into the cache and return the directory."""

@@ -1,6 +1,6 @@
 """A run directory: Parquet tables partitioned by model and target, plus run.json.
 
-Layout (results/README.md):  <run_dir>/<table>/<model>/<target>/<prompt_set>-<chunk>.parquet
+Layout (results/README.md):  <run_dir>/<table>/<model>/<weights>/<target>/<prompt_set>-<chunk>.parquet
 Every file is written to a hidden temp name and renamed into place, so a crash never leaves a
 half-written file under a name that readers pick up; run.json says whether the run finished.
 """
@@ -51,16 +51,19 @@ class RunStore:
         store.write_info(info | {"status": "running", "started_at": now(), "schema_version": schema.SCHEMA_VERSION})
         return store
 
-    def shard_path(self, table: str, shard_id: str) -> Path:
+    def shard_path(self, table: str, shard_id: str, weights: str) -> Path:
         model, target, prompt_set, chunk = shard_id.split("/")
-        return self.run_dir / table / model / target / f"{prompt_set}-{chunk}.parquet"
+        return self.run_dir / table / model / weights / target / f"{prompt_set}-{chunk}.parquet"
 
     def write(self, table: str, shard_id: str, data: pa.Table) -> Path:
-        """Write one shard's rows of `table`, conformed to its declared schema."""
-        path = self.shard_path(table, shard_id)
+        """Write one shard's rows of `table`, conformed to its declared schema, under the
+        weights it ran on: a model name reused for other weights lands in another directory."""
+        data = schema.conform(data, schema.TABLES[table])
+        weights = data.column("model_weights")[0].as_py() if data.num_rows else "none"
+        path = self.shard_path(table, shard_id, weights)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(schema.conform(data, schema.TABLES[table]), tmp, compression="zstd")
+        pq.write_table(data, tmp, compression="zstd")
         tmp.replace(path)
         return path
 

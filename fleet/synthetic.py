@@ -18,6 +18,13 @@ if TYPE_CHECKING:
     from fleet.sources import SyntheticSource
 
 CORPUS = Path(__file__).with_name("data") / "corpus.txt"
+# Part of every synthetic model's cache key: bump it when what build() writes changes.
+FORMAT = 2
+# A plain-text chat template (no new special tokens), so chat prompts work on tiny models too.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 MARKER = ".complete"
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 SPECIALS = [BOS, EOS, PAD]
@@ -113,6 +120,7 @@ def _write_tokenizer(spec: SyntheticSource, out: Path) -> None:
         unk_token=None,
         clean_up_tokenization_spaces=False,
         model_max_length=spec.max_position_embeddings,
+        chat_template=CHAT_TEMPLATE,
     ).save_pretrained(out)
 
 

@@ -36,6 +36,7 @@ ENGINE_MANIFEST = textwrap.dedent(
     prompts:
       eight:
     PROMPTS_HERE
+      quiz: {builtin: arith-knowledge}
     targets:
       - {name: hf-fp32, kind: hf, device: cpu, dtype: float32}
       - {name: vllm-fp32, kind: vllm, device: cpu, dtype: float32, max_model_len: 256}
@@ -66,7 +67,8 @@ def local_ray(fleet_cache: Path) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def engine_run(local_ray: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One real run: HF float32 reference, vLLM CPU float32 and bfloat16 candidates."""
+    """One real run: HF float32 reference, vLLM CPU float32 and bfloat16 candidates;
+    8 text prompts and the 10 built-in chat prompts with expected answers."""
     from fleet import driver
 
     base = tmp_path_factory.mktemp("engine-run")

@@ -31,7 +31,7 @@ def parity(engine_run: Path) -> dict[str, dict[str, object]]:
 
 def test_float32_vllm_matches_float32_hf(parity: dict[str, dict[str, object]]) -> None:
     fp32 = parity["vllm-fp32"]
-    assert fp32["n_prompts"] == 8
+    assert fp32["n_prompts"] == 18
     assert fp32["tf_top1_agreement"] == 1.0
     assert fp32["tf_max_abs_logprob_diff"] < 1e-4
     assert fp32["first_top1_agreement"] == 1.0
@@ -47,11 +47,26 @@ def test_bfloat16_drifts_like_a_precision_change(parity: dict[str, dict[str, obj
     assert bf16["kl_topk_mean"] > fp32["kl_topk_mean"]
 
 
-def test_candidates_score_the_same_prompt_tokens(engine_run: Path) -> None:
+def test_every_target_sees_the_same_prompt_tokens(engine_run: Path) -> None:
+    """Text prompts are tokenized by each engine, chat prompts rendered by each engine's own
+    chat-template path (vLLM's LLM.chat, HF's apply_chat_template): the ids must agree."""
     requests = analysis.load(engine_run)["requests"].collect()
-    per_prompt = requests.group_by("prompt_id").agg(pl.col("prompt_token_ids").n_unique().alias("variants"))
-    assert per_prompt["variants"].to_list() == [1] * 8
-    assert requests.height == 24  # 8 prompts x 3 targets, each exactly once
+    assert requests.height == 54  # (8 text + 10 chat prompts) x 3 targets, each exactly once
+    per_prompt = requests.group_by("prompt_set", "prompt_id").agg(variants=pl.col("prompt_token_ids").n_unique())
+    assert per_prompt["variants"].to_list() == [1] * 18
+    chat = requests.filter(pl.col("prompt_set") == "quiz")
+    assert chat["messages"].null_count() == 0 and chat["expected"].null_count() == 0
+    assert chat["prompt"].str.contains("<|assistant|>", literal=True).all()  # the template was applied
+
+
+def test_task_accuracy_per_target(engine_run: Path) -> None:
+    t = analysis.load(engine_run)
+    acc = {r["target"]: r for r in analysis.accuracy(t["requests"], "hf-fp32").to_dicts()}
+    assert set(acc) == {"hf-fp32", "vllm-fp32", "vllm-bf16"}
+    assert all(r["n_expected"] == 10 for r in acc.values())
+    # float32 gives the reference's exact outputs, hence the same answers.
+    assert acc["vllm-fp32"]["delta_points"] == 0.0
+    assert acc["hf-fp32"]["accuracy_pct"] == 10 * acc["hf-fp32"]["n_correct"]
 
 
 def test_every_position_scored_and_every_row_once(engine_run: Path) -> None:
@@ -72,8 +87,8 @@ def test_every_position_scored_and_every_row_once(engine_run: Path) -> None:
 def test_parquet_has_the_documented_schema(engine_run: Path) -> None:
     for name, declared in schema.TABLES.items():
         files = sorted((engine_run / name).glob("**/*.parquet"))
-        # 3 targets x 2 shards (8 prompts, shard_size 5), one file per shard and table.
-        assert len(files) == 6, name
+        # 3 targets x (2 + 2) shards (8 and 10 prompts, shard_size 5), one file per shard and table.
+        assert len(files) == 12, name
         for f in files:
             on_disk = pq.read_schema(f)
             assert on_disk.remove_metadata().equals(declared.remove_metadata()), f
@@ -110,6 +125,7 @@ def test_report_recomputes_from_parquet_alone(engine_run: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "## Parity vs reference" in proc.stdout and "vllm-bf16" in proc.stdout
     assert "## Throughput and latency" in proc.stdout
+    assert "## Full sequences" in proc.stdout and "## Task accuracy" in proc.stdout
 
 
 def test_no_engine_process_left_behind(engine_run: Path) -> None:

@@ -16,6 +16,7 @@ def _requests(n: int) -> pa.Table:
     return pa.table(
         {
             "model": ["m"] * n,
+            "model_weights": ["w"] * n,
             "target": ["t"] * n,
             "prompt_set": ["s"] * n,
             "prompt_id": [f"p{i}" for i in range(n)],
@@ -28,7 +29,7 @@ def _requests(n: int) -> pa.Table:
 def test_write_conforms_to_declared_schema(tmp_path: Path) -> None:
     run = RunStore.create(tmp_path / "run", {"run_id": "run"})
     path = run.write("requests", "m/t/s/00000", _requests(3))
-    assert path == tmp_path / "run" / "requests" / "m" / "t" / "s-00000.parquet"
+    assert path == tmp_path / "run" / "requests" / "m" / "w" / "t" / "s-00000.parquet"
     table = pq.read_table(path)
     assert table.schema.remove_metadata().equals(schema.REQUESTS.remove_metadata())
     assert table.column("n_output_tokens").type == pa.int32()
@@ -51,7 +52,7 @@ def test_crash_mid_write_leaves_no_file_that_looks_complete(tmp_path: Path, monk
     monkeypatch.setattr(store.pq, "write_table", dies_halfway)
     with pytest.raises(OSError, match="disk gone"):
         run.write("requests", "m/t/s/00000", _requests(2))
-    assert not run.shard_path("requests", "m/t/s/00000").exists()
+    assert not run.shard_path("requests", "m/t/s/00000", "w").exists()
     assert list((tmp_path / "run").glob("**/*.parquet")) == []
 
 

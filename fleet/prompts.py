@@ -1,0 +1,126 @@
+"""Prompts: plain text or chat messages, optionally with an expected answer and its match rule.
+
+Built-in sets (fleet/data/prompts/<name>.jsonl) are usable by name from a manifest:
+`prompts: {six: {builtin: smollm-six}}`. `is_correct` is the one place an answer is judged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from actors.base import Strict
+
+BUILTIN_DIR = Path(__file__).with_name("data") / "prompts"
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+class Message(Strict):
+    role: Literal["system", "user", "assistant"] = Field(description="Chat role.")
+    content: str = Field(description="Message text.")
+
+
+class Expected(Strict):
+    """Exactly one rule. contains: case-insensitive substring; exact: equal after stripping
+    whitespace; regex: re.search matches; number: the first number in the output equals it."""
+
+    contains: str | None = Field(None, description="Case-insensitive substring of the output.")
+    exact: str | None = Field(None, description="The whole output, whitespace-stripped.")
+    regex: str | None = Field(None, description="A Python regular expression searched in the output.")
+    number: float | None = Field(None, description="The first number in the output (commas ignored).")
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> Expected:
+        rules = [k for k, v in self.model_dump().items() if v is not None]
+        if len(rules) != 1:
+            msg = f"expected needs exactly one of contains, exact, regex, number (got {rules or 'none'})"
+            raise ValueError(msg)
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as e:
+                msg = f"expected.regex does not compile: {e}"
+                raise ValueError(msg) from None
+        return self
+
+    def rule(self) -> str:
+        """The rule as stored in the requests table: compact JSON, one key."""
+        return json.dumps({k: v for k, v in self.model_dump().items() if v is not None})
+
+
+class Prompt(Strict):
+    id: str = Field(min_length=1, description="Unique within its set.")
+    prompt: str | None = Field(None, description="Text sent as is (the tokenizer adds BOS if it does so).")
+    messages: list[Message] | None = Field(None, description="Chat turns, rendered with the model's chat template.")
+    expected: Expected | None = Field(None, description="The right answer, for task accuracy.")
+
+    @model_validator(mode="after")
+    def _text_or_chat(self) -> Prompt:
+        if (self.prompt is None) == (self.messages is None):
+            msg = f"prompt {self.id!r}: give exactly one of 'prompt' or 'messages'"
+            raise ValueError(msg)
+        return self
+
+    def messages_json(self) -> str | None:
+        return None if self.messages is None else json.dumps([m.model_dump() for m in self.messages])
+
+
+def is_correct(rule: str | None, output: str | None) -> bool | None:
+    """Judge `output` by a stored rule (Expected.rule()); None when there is no rule."""
+    if rule is None:
+        return None
+    text = output or ""
+    [(kind, value)] = json.loads(rule).items()
+    if kind == "contains":
+        return str(value).lower() in text.lower()
+    if kind == "exact":
+        return text.strip() == str(value).strip()
+    if kind == "regex":
+        return re.search(str(value), text) is not None
+    found = _NUMBER.search(text)
+    return found is not None and abs(float(found.group().replace(",", "")) - float(value)) <= 1e-6 * max(
+        1.0, abs(float(value))
+    )
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.jsonl"))
+
+
+def read_jsonl(path: Path, set_name: str) -> list[dict[str, Any]]:
+    """Rows of a prompts file; errors name the file and line."""
+    if not path.is_file():
+        msg = f"prompt set {set_name!r}: prompts file not found: {path}"
+        raise ValueError(msg)
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            msg = f"prompt set {set_name!r}: {path}:{lineno}: not JSON ({e.msg})"
+            raise ValueError(msg) from None
+        if not isinstance(row, dict) or "id" not in row or not {"prompt", "messages"} & set(row):
+            msg = f"prompt set {set_name!r}: {path}:{lineno}: expected an object with 'id' and 'prompt' or 'messages'"
+            raise ValueError(msg)
+        rows.append(row | {"id": str(row["id"])})
+    return rows
+
+
+def expand(name: str, spec: Any, base_dir: Path) -> Any:
+    """A manifest prompt-set entry as a list of prompt dicts: inline, {file: ...} or {builtin: ...}."""
+    if isinstance(spec, dict) and set(spec) == {"file"}:
+        return read_jsonl(base_dir / spec["file"], name)
+    if isinstance(spec, dict) and set(spec) == {"builtin"}:
+        if spec["builtin"] not in builtin_names():
+            msg = (
+                f"prompt set {name!r}: no built-in set {spec['builtin']!r}; built-in sets: {', '.join(builtin_names())}"
+            )
+            raise ValueError(msg)
+        return read_jsonl(BUILTIN_DIR / f"{spec['builtin']}.jsonl", name)
+    return spec
