@@ -34,6 +34,10 @@ class TargetArgs(Strict):
     device: Device = Field("cpu", description="cpu, cuda (one GPU per actor) or npu (one Ascend card per actor).")
     dtype: DType = Field("bfloat16", description="Weights and activations dtype.")
     num_cpus: float = Field(1.0, gt=0, description="Ray CPU slots the actor holds (its only resource on cpu).")
+    tensor_parallel_size: int = Field(1, ge=1, description="Cards one engine spans, all on one node.")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Extra Ray resources the actor needs, e.g. {'accelerator_type:910B': 0.001}."
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the actor process.")
 
     def actor_env(self) -> dict[str, str]:
@@ -41,12 +45,17 @@ class TargetArgs(Strict):
         return dict(self.env)
 
     def ray_resources(self) -> dict[str, Any]:
-        """Ray options that pin one card to this target's actor."""
+        """Ray options that give this target's actor its card(s): `tensor_parallel_size` of them."""
+        cards = self.tensor_parallel_size
+        options: dict[str, Any] = {"num_cpus": self.num_cpus}
+        extra = dict(self.resources)
         if self.device == "cuda":
-            return {"num_cpus": self.num_cpus, "num_gpus": 1}
-        if self.device == "npu":
-            return {"num_cpus": self.num_cpus, "resources": {"NPU": 1}}
-        return {"num_cpus": self.num_cpus}
+            options["num_gpus"] = cards
+        elif self.device == "npu":
+            extra["NPU"] = extra.get("NPU", 0) + cards
+        if extra:
+            options["resources"] = extra
+        return options
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,13 @@ if TYPE_CHECKING:
 
 class Card:
     def __init__(self, target: TargetArgs, model: ModelSpec, sampling: Sampling) -> None:
+        from actors.devices import pin_visible_devices
         from fleet.sources import weights_digest
 
+        pin_visible_devices(target.device)  # before any engine import touches the device
         self.target = target
         path = model.source.local_dir()
-        revision = getattr(model.source, "revision", None)
-        self.model = ResolvedModel(model, path, weights_digest(path), revision() if callable(revision) else revision)
+        self.model = ResolvedModel(model, path, weights_digest(path), model.source.resolved_revision())
         self.engine = engine_class(target.kind)(target, self.model, sampling=sampling)
 
     def generate(self, shard: Shard) -> Generation:
@@ -37,9 +38,17 @@ class Card:
         return self.engine.score(requests, k=k)
 
     def describe(self) -> dict[str, str]:
-        """Provenance: the engine's environment plus exactly which weights it loaded."""
+        """Provenance: the engine's environment plus exactly which weights it loaded, and where."""
+        import json
+        import os
+
+        import ray
+
         m = self.model
         return self.engine.describe() | {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "accelerator_ids": json.dumps(ray.get_runtime_context().get_accelerator_ids()),
+            "pid": str(os.getpid()),
             "model_dir": str(m.path),
             "weights_sha256": m.weights,
             "source": m.spec.source.model_dump_json(),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from actors.base import Completion, DType, Engine, Generation, TargetArgs, scores_table, to_generation
 
@@ -28,6 +28,13 @@ class HFArgs(TargetArgs):
     dtype: DType = Field("float32", description="Weights and activations dtype.")
     attn_implementation: Literal["eager", "sdpa"] = Field("sdpa", description="transformers attention kernel.")
     score_batch_size: int = Field(8, ge=1, description="Sequences per forward pass when scoring.")
+
+    @model_validator(mode="after")
+    def _one_card(self) -> HFArgs:
+        if self.tensor_parallel_size != 1:
+            msg = "hf targets run on one card: tensor_parallel_size must be 1"
+            raise ValueError(msg)
+        return self
 
 
 class HFEngine(Engine):

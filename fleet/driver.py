@@ -13,14 +13,16 @@ import os
 import platform
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from fleet import manifest as manifest_mod
 from fleet.errors import UserError
-from fleet.plan import plan
-from fleet.scheduler import Outcome, check_fits, execute
-from fleet.store import RunStore, now
+from fleet.placement import check_fits
+from fleet.plan import Shard, plan
+from fleet.scheduler import Outcome, execute
+from fleet.store import RUN_JSON, RunStore, join, now
 
 
 def default_run_id(manifest_path: Path) -> str:
@@ -28,15 +30,16 @@ def default_run_id(manifest_path: Path) -> str:
 
 
 def _connect(address: str | None, *, verbose: bool) -> bool:
-    """Join the cluster at `address` (or $RAY_ADDRESS); without one start a local Ray. True if started here."""
+    """Join the cluster at `address` (or $RAY_ADDRESS; "auto" finds one on this machine); without one
+    start a private local Ray, never someone else's cluster by accident. True if started here."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # else Ray 2.60 writes ~/.ray/auth_token
     import ray
 
     if ray.is_initialized():
         return False
-    address = address or os.environ.get("RAY_ADDRESS")
-    ray.init(address=address, include_dashboard=False, log_to_driver=verbose, configure_logging=verbose)
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    ray.init(address=address or "local", include_dashboard=False, log_to_driver=verbose, configure_logging=verbose)
     return address is None
 
 
@@ -53,61 +56,130 @@ def _driver_versions() -> dict[str, str]:
 def run(
     manifest_path: Path,
     *,
-    results_dir: Path = Path("results"),
+    results_dir: str | Path = Path("results"),
     run_id: str | None = None,
     ray_address: str | None = None,
     progress: bool = True,
     verbose: bool = False,
-) -> tuple[Path, Outcome]:
-    """Run a manifest and return the run directory and what failed (if anything)."""
-    from tqdm import tqdm
+) -> tuple[str | Path, Outcome]:
+    """Run a manifest and return the run directory and what failed (if anything).
 
+    results_dir is a local directory or a URI (s3://bucket/prefix, see fleet.store.locate); the run
+    directory is <results_dir>/<run_id>, returned in the same form (a Path stays a Path)."""
     manifest = manifest_mod.load(manifest_path)
-    run_dir = results_dir / (run_id or default_run_id(manifest_path))
-    if run_dir.exists():
+    for model in manifest.models:  # e.g. an hf model missing from the offline cache: say so now
+        try:
+            model.source.preflight()
+        except UserError as e:
+            raise UserError(f"{manifest_path}: model {model.name!r}: {e}") from None
+    run_id = run_id or default_run_id(manifest_path)
+    run_dir = join(results_dir, run_id)
+    with _storage(run_dir):
+        taken = RunStore(run_dir).exists()
+    if taken:
         msg = f"{run_dir}: run directory already exists; choose another --run-id"
         raise UserError(msg)
-    started_here = _connect(ray_address, verbose=verbose)
+    text = manifest_path.read_text(encoding="utf-8")
+    info = {
+        "run_id": run_id,
+        "manifest_path": str(manifest_path),
+        "manifest_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "manifest": text,
+        "manifest_resolved": manifest.model_dump(mode="json"),
+        "reference": manifest.reference,
+        "command": sys.argv,
+        "driver": _driver_versions(),
+    }
+    with _ray(ray_address, verbose=verbose) as cluster:
+        _check_cluster(manifest, cluster, manifest_path)
+        with _storage(run_dir):  # e.g. no such bucket: nothing was written
+            store = RunStore.create(run_dir, info)
+        outcome = _execute(manifest, plan(manifest), store, cluster, progress=progress)
+    return run_dir, outcome
+
+
+def resume(
+    run_dir: str | Path, *, ray_address: str | None = None, progress: bool = True, verbose: bool = False
+) -> tuple[str | Path, Outcome]:
+    """Finish an interrupted run: only the shards without a written `shards` row run again."""
+    store = RunStore(run_dir)
+    with _storage(run_dir):
+        try:
+            info = store.info()
+        except FileNotFoundError:
+            msg = f"{run_dir}: not a run directory (no {RUN_JSON})"
+            raise UserError(msg) from None
+    manifest = manifest_mod.Manifest.model_validate(info["manifest_resolved"])
+    done = store.completed_shards()
+    todo = [s for s in plan(manifest) if s.shard_id not in done]
+    with _ray(ray_address, verbose=verbose) as cluster:
+        _check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
+        store.update_info(status="running", resumed_at=[*info.get("resumed_at", []), now()])
+        outcome = _execute(manifest, todo, store, cluster, progress=progress, before=info)
+    return run_dir, outcome
+
+
+@contextlib.contextmanager
+def _storage(run_dir: str | Path) -> Iterator[None]:
+    """Results storage that does not answer (endpoint, credentials, no such bucket) is bad input."""
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"{run_dir}: {e}") from None
+
+
+@contextlib.contextmanager
+def _ray(address: str | None, *, verbose: bool) -> Iterator[dict[str, float]]:
+    started_here = _connect(address, verbose=verbose)
     import ray
 
     try:
-        try:
-            check_fits(manifest, ray.cluster_resources())
-        except RuntimeError as e:
-            raise UserError(f"{manifest_path}: {e}") from None
-        text = manifest_path.read_text(encoding="utf-8")
-        store = RunStore.create(
-            run_dir,
-            {
-                "run_id": run_dir.name,
-                "manifest_path": str(manifest_path),
-                "manifest_sha256": hashlib.sha256(text.encode()).hexdigest(),
-                "manifest": text,
-                "manifest_resolved": manifest.model_dump(mode="json"),
-                "reference": manifest.reference,
-                "command": sys.argv,
-                "driver": _driver_versions(),
-            },
-        )
-        shards = plan(manifest)
-        status = "interrupted"
-        outcome = Outcome()
-        try:
-            with tqdm(total=len(shards), unit="shard", desc="shards", disable=not progress, file=sys.stderr) as bar:
-                outcome = execute(manifest, shards, store, bar)
-            status = "partial" if outcome.failures else "complete"
-        finally:
-            store.update_info(
-                status=status,
-                finished_at=now(),
-                provenance=outcome.provenance,
-                failures=outcome.failures,
-                cluster=_cluster(),
-            )
+        yield ray.cluster_resources()
     finally:
         if started_here:
             ray.shutdown()
-    return run_dir, outcome
+
+
+def _check_cluster(manifest: manifest_mod.Manifest, cluster: dict[str, float], where: str | Path) -> None:
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    try:
+        check_fits(manifest, cluster, nodes)
+    except RuntimeError as e:
+        raise UserError(f"{where}: {e}") from None
+
+
+def _execute(
+    manifest: manifest_mod.Manifest,
+    shards: list[Shard],
+    store: RunStore,
+    cluster: dict[str, float],
+    *,
+    progress: bool,
+    before: dict[str, Any] | None = None,
+) -> Outcome:
+    """Dispatch `shards`, then record in run.json how it ended (also when interrupted)."""
+    from tqdm import tqdm
+
+    before = before or {}
+    status, outcome = "interrupted", Outcome()
+    try:
+        with tqdm(total=len(shards), unit="shard", desc="shards", disable=not progress, file=sys.stderr) as bar:
+            outcome = execute(manifest, shards, store, bar, cluster=cluster)
+        status = "partial" if outcome.partial else "complete"
+    finally:
+        store.update_info(
+            status=status,
+            finished_at=now(),
+            provenance=before.get("provenance", {}) | outcome.provenance,
+            failures=outcome.failures,
+            failed_shards=outcome.failed_shards,
+            retries=before.get("retries", 0) + outcome.retries,
+            models=before.get("models", {}) | outcome.timeline,
+            cluster=_cluster(),
+        )
+    return outcome
 
 
 def _cluster() -> dict[str, Any]:

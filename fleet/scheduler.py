@@ -1,19 +1,31 @@
-"""Dispatching shards to card actors and gathering their Arrow tables as they finish.
+"""Dispatching shards to card actors, surviving their faults, and gathering Arrow tables.
 
-Per model: one actor per target. Every target generates its shards; each candidate shard is
-then scored by the reference actor (teacher forcing) and written with the reference's columns
-joined on. A candidate's actor is shut down as soon as its shards are generated, so on a small
-cluster the next target's actor can take its card while the reference stays up for scoring.
+Per model there is one actor per target (a `Slot`), fed one call at a time so that a timeout
+names exactly one shard. Every target generates its shards; each candidate shard is then scored
+by the reference actor (teacher forcing) and written with the reference's columns joined on.
+
+Models run concurrently: a model is admitted when the cluster has room for its footprint (all
+its targets at once if the cluster could ever hold them, else the reference plus the largest
+candidate, with candidates taking turns). The reference stays up until every candidate shard is
+scored; a candidate's actor is released as soon as its shards are generated.
+
+Faults: a call that fails or outlives its timeout gets its actor replaced (engine processes go
+with it) and the shard retried, up to `run.max_attempts`; then the shard is recorded as failed
+and the run goes on. A target whose actor cannot start fails as a whole.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
+import math
+import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet import schema
+from fleet.placement import add, fits, footprint, need
+from fleet.store import now
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -30,133 +42,306 @@ BASE_ENV = {"VLLM_NO_USAGE_STATS": "1", "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZ
 
 @dataclass
 class Outcome:
-    """What the run learnt besides rows: per model/target provenance and failures."""
+    """What the run learnt besides rows: provenance, failed targets, failed shards, retries."""
 
     provenance: dict[str, dict[str, str]] = field(default_factory=dict)
-    failures: dict[str, str] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)  # "model/target" -> reason
+    failed_shards: dict[str, str] = field(default_factory=dict)  # shard id -> reason
+    retries: int = 0
+    timeline: dict[str, dict[str, str]] = field(default_factory=dict)  # model -> admitted_at, finished_at
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.failures or self.failed_shards)
 
 
-def check_fits(manifest: Manifest, cluster: dict[str, float]) -> None:
-    """Fail early when the reference and the largest candidate cannot hold cards at once:
-    the reference stays up to score every candidate, so anything less would wait forever."""
-    ref = manifest.target(manifest.reference)
-    for cand in manifest.targets:
-        need = _flat(ref.ray_resources())
-        if cand.name != ref.name:
-            for key, amount in _flat(cand.ray_resources()).items():
-                need[key] = need.get(key, 0.0) + amount
-        short = {k: v for k, v in need.items() if cluster.get(k, 0.0) < v}
-        if short:
-            have = {k: cluster.get(k, 0.0) for k in short}
-            msg = f"targets {ref.name!r} + {cand.name!r} need {dict(short)} at once; the cluster has {have}"
-            raise RuntimeError(msg)
+@dataclass
+class Work:
+    what: str  # "describe" | "generate" | "score"
+    shard: Shard | None = None
+    gen: Generation | None = None  # for "score": the candidate's rows
+    attempt: int = 1
 
 
-def _flat(options: dict[str, Any]) -> dict[str, float]:
-    out = {"CPU": options.get("num_cpus", 0.0), "GPU": options.get("num_gpus", 0.0)}
-    return {k: v for k, v in (out | options.get("resources", {})).items() if v}
+class Slot:
+    """One target's actor for one model, fed one call at a time."""
 
+    def __init__(self, target: TargetArgs, model: ModelSpec, manifest: Manifest) -> None:
+        self.target, self.model, self.manifest = target, model, manifest
+        self.queue: deque[Work] = deque()
+        self.current: tuple[Any, Work, float] | None = None  # (object ref, work, deadline)
+        self.handle: Any = None
+        self.pg: Any = None
+        self.alive = False  # describe succeeded on the current actor
 
-def execute(manifest: Manifest, shards: list[Shard], store: RunStore, bar: tqdm[Any]) -> Outcome:
-    outcome = Outcome()
-    for model in manifest.models:
-        _run_model(manifest, model, [s for s in shards if s.model == model.name], store, bar, outcome)
-    return outcome
+    def launch(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        from actors.card import Card
 
-def _start(target: TargetArgs, model: ModelSpec, manifest: Manifest) -> Any:
-    import ray
+        options: dict[str, Any] = self.target.ray_resources()
+        options["runtime_env"] = {"env_vars": BASE_ENV | self.target.actor_env()}
+        if self.target.tensor_parallel_size > 1:
+            # All tp cards in one bundle on one node, reserved atomically for this engine.
+            bundle = need(self.target)
+            self.pg = placement_group([bundle], strategy="STRICT_PACK")
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg)
+        self.handle = ray.remote(Card).options(**options).remote(self.target, self.model, self.manifest.sampling)
+        self.alive = False
+        self.queue.appendleft(Work("describe"))
 
-    from actors.card import Card
-
-    env = BASE_ENV | target.actor_env()
-    options = target.ray_resources() | {"runtime_env": {"env_vars": env}, "name": None}
-    return ray.remote(Card).options(**options).remote(target, model, manifest.sampling)
-
-
-def _run_model(
-    manifest: Manifest, model: ModelSpec, shards: list[Shard], store: RunStore, bar: tqdm[Any], outcome: Outcome
-) -> None:
-    import ray
-
-    ref_name, k = manifest.reference, manifest.sampling.logprobs
-    cards = {t.name: _start(t, model, manifest) for t in manifest.targets}
-    left = Counter(s.target for s in shards)  # generate calls outstanding per target
-    scoring = 0  # score calls outstanding on the reference
-    pending: dict[Any, tuple[str, str, Any]] = {}
-    for name, card in cards.items():
-        pending[card.describe.remote()] = ("describe", name, None)
-    for shard in shards:
-        pending[cards[shard.target].generate.remote(shard)] = ("generate", shard.target, shard)
-
-    def fail(target: str, reason: str) -> None:
-        key = f"{model.name}/{target}"
-        outcome.failures.setdefault(key, reason)
-        bar.write(f"FAILED {key}: {reason}")
-        for obj, (what, name, _) in list(pending.items()):
-            if name == target and what == "generate":
-                del pending[obj]
-                bar.update(1)  # abandoned: counted as done so the bar still ends at 100%
-        left[target] = 0
-        release(target)
-
-    def release(target: str) -> None:
-        card = cards.pop(target, None)
-        if card is None:
-            return
-        with contextlib.suppress(Exception):  # a dead actor has nothing left to shut down
-            ray.get(card.shutdown.remote(), timeout=120)
-        ray.kill(card)
-
-    def finish(gen: Generation, tokens: pa.Table) -> None:
-        _write(store, gen, tokens)
-        bar.update(1)
-
-    while pending:
-        [done], _ = ray.wait(list(pending), num_returns=1)
-        what, target, payload = pending.pop(done)
-        if what == "score":
-            scoring -= 1
-        try:
-            result = ray.get(done)
-        except Exception as e:  # noqa: BLE001  (any actor or engine error fails this target only)
-            if what == "score":  # the candidate's rows stand on their own; keep them unscored
-                finish(payload, payload.tokens)
-            elif what == "generate":
-                bar.update(1)
-            fail(ref_name if what == "score" else target, _reason(e))
-            continue
-        if what == "describe":
-            outcome.provenance[f"{model.name}/{target}"] = result
-        elif what == "generate":
-            left[target] -= 1
-            if target == ref_name or ref_name not in cards:  # no reference left to score with
-                finish(result, result.tokens)
-            else:
-                pending[cards[ref_name].score.remote(result.requests, k=k)] = ("score", target, result)
-                scoring += 1
-            if left[target] == 0 and target != ref_name:
-                release(target)
+    def submit(self) -> Any | None:
+        """Send the next queued call if none is in flight; returns its object ref."""
+        if self.current is not None or not self.queue or self.handle is None:
+            return None
+        work = self.queue.popleft()
+        run = self.manifest.run
+        if work.what == "describe":
+            call, timeout = self.handle.describe.remote(), run.start_timeout_s
+        elif work.what == "generate":
+            call, timeout = self.handle.generate.remote(work.shard), run.shard_timeout_s
         else:
-            finish(payload, _join_scores(payload.tokens, result))
-        if not any(left.values()) and scoring == 0:
-            release(ref_name)
-    for target in list(cards):
-        release(target)
+            assert work.gen is not None
+            call = self.handle.score.remote(work.gen.requests, k=self.manifest.sampling.logprobs)
+            timeout = run.shard_timeout_s
+        self.current = (call, work, time.monotonic() + timeout)
+        return call
+
+    def stop(self) -> None:
+        """Shut the engine down (its child processes with it), then the actor, then its cards."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if self.handle is not None:
+            with contextlib.suppress(Exception):  # a dead actor has nothing left to shut down
+                ray.get(self.handle.shutdown.remote(), timeout=60)
+            ray.kill(self.handle, no_restart=True)
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+        self.handle = self.pg = self.current = None
+        self.alive = False
+
+
+class ModelRun:
+    """One model: its slots, the shards still to generate, and scoring by the reference."""
+
+    def __init__(self, model: ModelSpec, shards: list[Shard], manifest: Manifest, *, reservation: dict[str, float]):
+        self.model, self.manifest, self.reservation = model, manifest, reservation
+        self.ref = manifest.reference
+        self.slots = {t.name: Slot(t, model, manifest) for t in manifest.targets}
+        for shard in shards:
+            self.slots[shard.target].queue.append(Work("generate", shard))
+        # Targets with nothing to do (all shards done, e.g. on resume) never start.
+        self.waiting = deque(n for n, s in self.slots.items() if s.queue and n != self.ref)
+        self.running: set[str] = set()
+
+    def start(self) -> None:
+        if any(s.queue for s in self.slots.values()):
+            self._launch(self.ref)
+        self._start_candidates()
+
+    def _launch(self, name: str) -> None:
+        self.slots[name].launch()
+        self.running.add(name)
+
+    def _start_candidates(self) -> None:
+        while self.waiting:
+            held = add(*(need(self.slots[n].target) for n in self.running))
+            nxt = self.slots[self.waiting[0]].target
+            if self.running and not fits(add(held, need(nxt)), self.reservation):
+                return
+            self._launch(self.waiting.popleft())
+
+    def idle(self, name: str) -> bool:
+        slot = self.slots[name]
+        return slot.current is None and not slot.queue
+
+    def release(self, name: str) -> None:
+        self.slots[name].stop()
+        self.running.discard(name)
+        self._start_candidates()
+
+    @property
+    def done(self) -> bool:
+        return not self.running and not self.waiting
+
+
+def execute(
+    manifest: Manifest, shards: list[Shard], store: RunStore, bar: tqdm[Any], *, cluster: dict[str, float]
+) -> Outcome:
+    """Run every shard (retrying faults) and write what they produce; returns what failed."""
+    return _Loop(manifest, shards, store, bar, cluster).run()
+
+
+class _Loop:
+    def __init__(
+        self, manifest: Manifest, shards: list[Shard], store: RunStore, bar: tqdm[Any], cluster: dict[str, float]
+    ) -> None:
+        self.manifest, self.store, self.bar, self.outcome = manifest, store, bar, Outcome()
+        reservation = footprint(manifest, cluster)
+        self.reservation = reservation
+        self.free = dict(cluster)
+        self.waiting = deque(
+            ModelRun(m, [s for s in shards if s.model == m.name], manifest, reservation=reservation)
+            for m in manifest.models
+            if any(s.model == m.name for s in shards)
+        )
+        self.active: list[ModelRun] = []
+        self.calls: dict[Any, tuple[ModelRun, str]] = {}
+
+    def run(self) -> Outcome:
+        import ray
+
+        try:
+            while self.waiting or self.active:
+                self._admit()
+                for run in self.active:
+                    for name, slot in run.slots.items():
+                        if (call := slot.submit()) is not None:
+                            self.calls[call] = (run, name)
+                if not self.calls:  # nothing in flight: every active model must have finished
+                    self._retire()
+                    if self.active:
+                        msg = f"scheduler stalled with {[r.model.name for r in self.active]} unfinished"
+                        raise RuntimeError(msg)
+                    continue
+                deadline = min(run.slots[name].current[2] for run, name in self.calls.values())  # type: ignore[index]
+                wait = None if deadline == math.inf else max(0.0, deadline - time.monotonic())
+                done, _ = ray.wait(list(self.calls), num_returns=1, timeout=wait)
+                if done:
+                    self._handle(done[0])
+                else:
+                    self._expire()
+                self._retire()
+        finally:
+            for run in self.active:
+                for slot in run.slots.values():
+                    slot.stop()
+        return self.outcome
+
+    def _admit(self) -> None:
+        while self.waiting and (not self.active or fits(self.reservation, self.free)):
+            run = self.waiting.popleft()
+            self.free = {k: self.free.get(k, 0.0) - run.reservation.get(k, 0.0) for k in self.free}
+            self.outcome.timeline[run.model.name] = {"admitted_at": now()}
+            run.start()
+            self.active.append(run)
+
+    def _retire(self) -> None:
+        for run in [r for r in self.active if r.done]:
+            self.active.remove(run)
+            self.free = {k: v + run.reservation.get(k, 0.0) for k, v in self.free.items()}
+            self.outcome.timeline[run.model.name]["finished_at"] = now()
+
+    def _expire(self) -> None:
+        """A call past its deadline: kill the actor; the call then fails and takes the retry path."""
+        import ray
+
+        now = time.monotonic()
+        for run, name in list(self.calls.values()):
+            slot = run.slots[name]
+            if slot.current is not None and slot.current[2] <= now and slot.handle is not None:
+                self.bar.write(f"timeout: {run.model.name}/{name} {slot.current[1].what}; replacing the actor")
+                ray.kill(slot.handle, no_restart=True)
+                slot.current = (slot.current[0], slot.current[1], math.inf)  # wait for the error now
+
+    def _handle(self, call: Any) -> None:
+        import ray
+
+        run, name = self.calls.pop(call)
+        slot = run.slots[name]
+        assert slot.current is not None
+        _, work, _ = slot.current
+        slot.current = None
+        try:
+            result = ray.get(call)
+        except Exception as e:  # noqa: BLE001  (any actor, engine or task error: retry or record)
+            self._failed(run, name, work, _reason(e))
+            return
+        key = f"{run.model.name}/{name}"
+        if work.what == "describe":
+            slot.alive = True
+            self.outcome.provenance[key] = result
+        elif work.what == "generate":
+            assert work.shard is not None
+            gen: Generation = result
+            if _non_finite(gen.tokens):
+                self.outcome.failures.setdefault(key, f"non-finite logprobs in shard {work.shard.shard_id}")
+            ref_slot = run.slots[run.ref]
+            if name == run.ref or ref_slot.handle is None:  # no reference (left) to score with
+                self._write(gen, gen.tokens)
+            else:
+                ref_slot.queue.append(Work("score", work.shard, gen))
+        else:
+            assert work.gen is not None
+            self._write(work.gen, _join_scores(work.gen.tokens, result))
+        self._maybe_release(run, name)
+
+    def _maybe_release(self, run: ModelRun, name: str) -> None:
+        if name != run.ref and run.idle(name) and name in run.running:
+            run.release(name)
+        candidates_done = all(run.idle(n) for n in run.running if n != run.ref) and not run.waiting
+        if run.ref in run.running and run.idle(run.ref) and candidates_done:
+            run.release(run.ref)
+
+    def _failed(self, run: ModelRun, name: str, work: Work, reason: str) -> None:
+        slot, key = run.slots[name], f"{run.model.name}/{name}"
+        if work.what == "describe" or not slot.alive:
+            # The actor could not start (the model does not load, no such device...): the whole
+            # target fails; its candidates' rows are written unscored if it was the reference.
+            self.outcome.failures.setdefault(key, reason)
+            self.bar.write(f"FAILED {key}: {reason}")
+            for w in [work, *slot.queue]:
+                self._abandon(run, w, f"target failed: {reason}")
+            slot.queue.clear()
+            run.release(name)
+            for n in list(run.running):
+                self._maybe_release(run, n)
+            return
+        slot.stop()
+        if work.attempt < self.manifest.run.max_attempts:
+            self.outcome.retries += 1
+            self.bar.write(f"retry {work.attempt + 1}/{self.manifest.run.max_attempts} {key} {work.what}: {reason}")
+            slot.queue.appendleft(Work(work.what, work.shard, work.gen, work.attempt + 1))
+        else:
+            self._abandon(run, work, reason)
+        if slot.queue:
+            slot.launch()
+        else:
+            run.release(name)
+        self._maybe_release(run, name)
+
+    def _abandon(self, run: ModelRun, work: Work, reason: str) -> None:
+        if work.what == "generate" and work.shard is not None:
+            self.outcome.failed_shards[work.shard.shard_id] = reason
+            self.bar.update(1)
+        elif work.what == "score" and work.gen is not None:
+            # The candidate's own rows stand; record that they lack the reference's columns.
+            self.outcome.failed_shards.setdefault(work.shard.shard_id if work.shard else "?", f"unscored: {reason}")
+            self._write(work.gen, work.gen.tokens)
+
+    def _write(self, gen: Generation, tokens: pa.Table) -> None:
+        # The shards row goes last: its presence marks the shard complete (resume relies on that).
+        shard_id = gen.shard.column("shard_id")[0].as_py()
+        self.store.write("requests", shard_id, gen.requests)
+        self.store.write("tokens", shard_id, tokens)
+        self.store.write("shards", shard_id, gen.shard)
+        self.bar.update(1)
+
+
+def _non_finite(tokens: pa.Table) -> bool:
+    import pyarrow.compute as pc
+
+    lp = tokens.column("logprob")
+    return bool(len(lp)) and not pc.all(pc.is_finite(lp.fill_null(0.0))).as_py()
 
 
 def _reason(error: Exception) -> str:
-    text = str(error).strip().splitlines()
+    text = [line for line in str(error).strip().splitlines() if line.strip()]
     # Ray wraps the remote traceback; its last line is the actual error.
     return (text[-1] if text else type(error).__name__)[:500]
-
-
-def _write(store: RunStore, gen: Generation, tokens: pa.Table) -> None:
-    # The shards row goes last: its presence marks the shard complete (resume relies on that).
-    shard_id = gen.shard.column("shard_id")[0].as_py()
-    store.write("requests", shard_id, gen.requests)
-    store.write("tokens", shard_id, tokens)
-    store.write("shards", shard_id, gen.shard)
 
 
 def _join_scores(tokens: pa.Table, scores: pa.Table) -> pa.Table:

@@ -60,7 +60,8 @@ def fleet_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def local_ray(fleet_cache: Path) -> Iterator[Any]:
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # address="local": a fresh cluster even when another Ray runs on this machine.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 
@@ -77,3 +78,31 @@ def engine_run(local_ray: object, tmp_path_factory: pytest.TempPathFactory) -> P
     run_dir, outcome = driver.run(manifest, results_dir=base / "results", run_id="engine", progress=False)
     assert not outcome.failures, outcome.failures
     return run_dir
+
+
+def _orphan_engines() -> set[str]:
+    """vLLM engine or server processes whose parent is gone (re-parented to init)."""
+    import subprocess
+
+    ps = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout
+    found = set()
+    for line in ps.splitlines():
+        pid, ppid, args = line.split(None, 2)
+        if ppid == "1" and ("VLLM::" in args or "vllm.entrypoints" in args):
+            found.add(f"{pid} {args[:80]}")
+    return found
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_ORPHANS] = _orphan_engines()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session if any test left an engine process behind (the explicit-shutdown promise)."""
+    left = _orphan_engines() - session.config.stash.get(_ORPHANS, set())
+    if left:
+        print(f"\nengine processes left behind: {sorted(left)}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_ORPHANS = pytest.StashKey[set[str]]()

@@ -1,0 +1,191 @@
+"""Faults survived with nothing lost: dead actors, hung engines, failed loads, NaN, a killed driver.
+
+These use the `test-double` backend (labelled as such in its module and in every report): it has
+no model, so a fault can be put on one chosen shard, once, deterministically. The real engines'
+happy path is covered in test_engine_run.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from fleet import analysis, driver
+
+MANIFEST = textwrap.dedent(
+    """
+    models:
+      - name: m1
+        source: {{kind: synthetic, seed: 1}}
+      - name: m2
+        source: {{kind: synthetic, seed: 2}}
+    prompts:
+      p:
+    {prompts}
+    targets:
+      - {{name: ref, kind: test-double, num_cpus: 0.5}}
+      - {{name: cand, kind: test-double, num_cpus: 0.5, logprob_shift: 0.01{cand}}}
+    reference: ref
+    sampling: {{max_tokens: 8, logprobs: 3}}
+    run: {{shard_size: 2, shard_timeout_s: {timeout}, max_attempts: {attempts}}}
+    """
+)
+
+
+def write_manifest(tmp: Path, *, cand: str = "", timeout: float = 60, attempts: int = 3, prompts: int = 6) -> Path:
+    lines = "\n".join(f'    - {{id: q{i}, prompt: "question {i}"}}' for i in range(prompts))
+    path = tmp / "m.yaml"
+    path.write_text(MANIFEST.format(prompts=lines, cand=cand, timeout=timeout, attempts=attempts))
+    return path
+
+
+def rows(run_dir: Path) -> dict[str, pl.DataFrame]:
+    return {name: frame.collect() for name, frame in analysis.load(run_dir).items()}
+
+
+def assert_exactly_once(run_dir: Path, *, models: int = 2, prompts: int = 6, tokens: int = 8) -> None:
+    t = rows(run_dir)
+    assert t["requests"].height == models * 2 * prompts
+    assert t["requests"].select("model", "target", "prompt_id").is_duplicated().sum() == 0
+    assert t["tokens"].height == models * 2 * prompts * tokens
+    assert t["tokens"].select("model", "target", "prompt_id", "position").is_duplicated().sum() == 0
+    cand = t["tokens"].filter(pl.col("target") == "cand")
+    assert cand["ref_logprob"].null_count() == 0  # every candidate row was scored
+
+
+def card_processes() -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in ps.splitlines() if "ray::Card" in line]
+
+
+def assert_no_cards_left() -> None:
+    for _ in range(50):  # killed actors' workers exit asynchronously
+        if not card_processes():
+            return
+        time.sleep(0.2)
+    assert card_processes() == []
+
+
+def run(manifest: Path, tmp: Path, run_id: str) -> tuple[Path, Any]:
+    return driver.run(manifest, results_dir=tmp / "results", run_id=run_id, progress=False)
+
+
+def test_actor_killed_mid_shard_is_replaced_and_the_shard_retried(local_ray: Any, tmp_path: Path) -> None:
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    manifest = write_manifest(tmp_path, cand=f", fault_dir: {faults}, die_shards: [m1/cand/p/00001]")
+    run_dir, outcome = run(manifest, tmp_path, "die")
+    assert (faults / "die-m1_cand_p_00001").exists()  # the fault really fired (SIGKILL of the actor)
+    assert outcome.retries >= 1 and not outcome.partial
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
+    assert_exactly_once(run_dir)
+    assert_no_cards_left()
+
+
+def test_hung_shard_times_out_and_is_retried(local_ray: Any, tmp_path: Path) -> None:
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    manifest = write_manifest(tmp_path, cand=f", fault_dir: {faults}, hang_shards: [m2/cand/p/00000]", timeout=4)
+    run_dir, outcome = run(manifest, tmp_path, "hang")
+    assert (faults / "hang-m2_cand_p_00000").exists()
+    assert outcome.retries >= 1 and not outcome.partial
+    assert_exactly_once(run_dir)
+    assert_no_cards_left()
+
+
+def test_shard_failing_every_attempt_is_recorded_and_the_rest_completes(local_ray: Any, tmp_path: Path) -> None:
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    # One attempt only: the hang is never retried, so the shard fails and is recorded.
+    manifest = write_manifest(
+        tmp_path, cand=f", fault_dir: {faults}, hang_shards: [m1/cand/p/00002]", timeout=3, attempts=1
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(tmp_path / "r"), "--run-id", "x"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"RAY_ADDRESS": local_ray.get_runtime_context().gcs_address},
+    )
+    assert proc.returncode == 3, proc.stderr  # partial
+    info = json.loads((tmp_path / "r" / "x" / "run.json").read_text())
+    assert info["status"] == "partial" and list(info["failed_shards"]) == ["m1/cand/p/00002"]
+    assert "FAILED shard m1/cand/p/00002" in proc.stdout
+    t = rows(tmp_path / "r" / "x")
+    assert t["requests"].height == 2 * 2 * 6 - 2  # everything but the failed shard's two prompts
+    assert_no_cards_left()
+
+
+def test_target_that_fails_to_load_is_recorded_and_others_complete(local_ray: Any, tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, cand=", fail_to_load: true")
+    run_dir, outcome = run(manifest, tmp_path, "load")
+    assert set(outcome.failures) == {"m1/cand", "m2/cand"}
+    assert "told to fail to load" in outcome.failures["m1/cand"]
+    t = rows(run_dir)
+    assert t["requests"]["target"].unique().to_list() == ["ref"]  # the reference still completed
+    assert t["requests"].height == 2 * 6
+    assert_no_cards_left()
+
+
+def test_non_finite_logprobs_are_recorded(local_ray: Any, tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path, cand=", nan_shards: [m2/cand/p/00001]")
+    run_dir, outcome = run(manifest, tmp_path, "nan")
+    assert outcome.failures == {"m2/cand": "non-finite logprobs in shard m2/cand/p/00001"}
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "partial"
+
+
+def test_killed_driver_resumes_only_missing_shards(local_ray: Any, tmp_path: Path) -> None:
+    # Slow enough (0.05 s/token x 8 tokens x 2 prompts per shard) to be killed mid-run.
+    manifest = write_manifest(tmp_path, cand=", seconds_per_token: 0.05", prompts=12)
+    results = tmp_path / "results"
+    cmd = [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(results), "--run-id", "cut"]
+    env = os.environ | {"RAY_ADDRESS": local_ray.get_runtime_context().gcs_address}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    shards_dir = results / "cut" / "shards"
+    try:
+        for _ in range(600):  # wait until some but not all shards are written
+            if len(list(shards_dir.glob("**/*.parquet"))) >= 4:
+                break
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    before = {p: p.stat().st_mtime_ns for p in (results / "cut").glob("*/**/*.parquet")}
+    assert 4 <= len([p for p in before if "/shards/" in str(p)]) < 24
+    assert json.loads((results / "cut" / "run.json").read_text())["status"] == "running"
+
+    run_dir, outcome = driver.resume(results / "cut", progress=False)
+    assert not outcome.partial
+    after = {p: p.stat().st_mtime_ns for p in (results / "cut").glob("*/**/*.parquet")}
+    assert all(after[p] == mtime for p, mtime in before.items())  # completed shards untouched
+    assert_exactly_once(run_dir, prompts=12)
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "complete" and len(info["resumed_at"]) == 1
+
+    # Same keys and the same tokens as an uninterrupted run of the same manifest.
+    whole, _ = run(manifest, tmp_path, "whole")
+    keys = ["model", "target", "prompt_id", "position"]
+    a = rows(run_dir)["tokens"].select(*keys, "token_id").sort(keys)
+    b = rows(whole)["tokens"].select(*keys, "token_id").sort(keys)
+    assert a.equals(b)
+    assert_no_cards_left()
+
+
+def test_models_run_concurrently_when_the_cluster_has_room(local_ray: Any, tmp_path: Path) -> None:
+    # 2 CPUs, 4 actors of 0.5: both models' reference and candidate hold slots at once.
+    manifest = write_manifest(tmp_path, cand=", seconds_per_token: 0.02")
+    run_dir, _ = run(manifest, tmp_path, "together")
+    shards = rows(run_dir)["shards"].with_columns(end=pl.col("started_at") + pl.duration(seconds=pl.col("wall_s")))
+    spans = shards.group_by("model").agg(start=pl.col("started_at").min(), end=pl.col("end").max())
+    (s1, e1), (s2, e2) = spans.sort("model").select("start", "end").rows()
+    assert s1 < e2 and s2 < e1  # the two models' work overlapped in time

@@ -1,0 +1,162 @@
+"""Results on an object store: `fleet run --results s3://bucket/prefix`, then report, load, query,
+compare and resume from the URI, against moto's S3 server started on 127.0.0.1 for this module.
+
+The engines are the labelled `test-double` backend (tests/test_faults.py): this is about storage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+
+from fleet import analysis, cli, compare, html_report, query, store
+from fleet.errors import UserError
+from fleet.store import RunStore
+
+MANIFEST = textwrap.dedent(
+    """
+    models:
+      - {name: m1, source: {kind: synthetic, seed: 1}}
+    prompts:
+      p: [{id: q0, prompt: "question 0"}, {id: q1, prompt: "question 1"},
+          {id: q2, prompt: "question 2"}, {id: q3, prompt: "question 3"}]
+    targets:
+      - {name: ref, kind: test-double, num_cpus: 0.5}
+      - {name: cand, kind: test-double, num_cpus: 0.5, logprob_shift: 0.01}
+    reference: ref
+    sampling: {max_tokens: 8, logprobs: 3}
+    run: {shard_size: 2}
+    """
+)
+SHARDS = {f"m1/{target}/p/{chunk:05d}" for target in ("ref", "cand") for chunk in (0, 1)}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    """s3://bucket/prefix on a moto server bound to loopback, in its own process (moto's Flask app
+    in this process would upset vLLM engines built here later); stopped, port closed, at the end."""
+    host, port = "127.0.0.1", _free_port()
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", host, "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(100):
+            with contextlib.suppress(OSError):
+                socket.create_connection((host, port), timeout=1).close()
+                break
+            time.sleep(0.1)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("FLEET_S3_ENDPOINT", f"http://{host}:{port}")
+            env.setenv("AWS_ACCESS_KEY_ID", "testing")
+            env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+            env.setenv("AWS_REGION", "us-east-1")
+            env.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no credential probing of 169.254.169.254
+            s3fs = pafs.S3FileSystem(endpoint_override=f"http://{host}:{port}", allow_bucket_creation=True)
+            s3fs.create_dir("bucket")
+            yield "s3://bucket/prefix"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    with pytest.raises(OSError):  # nothing listens any more
+        socket.create_connection((host, port), timeout=1).close()
+
+
+def objects(uri: str) -> dict[str, bytes]:
+    fs, root = store.locate(uri)
+    found = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    return {f.path: fs.open_input_stream(f.path).read() for f in found if f.type == pafs.FileType.File}
+
+
+def test_store_on_s3(s3: str) -> None:
+    run = RunStore.create(f"{s3}/unit", {"run_id": "unit"})
+    row = {"model": ["m"], "model_weights": ["w"], "target": ["t"], "prompt_set": ["s"], "shard_id": ["m/t/s/00000"]}
+    path = run.write("shards", "m/t/s/00000", pa.table(row))
+    assert path == f"{s3}/unit/shards/m/w/t/s-00000.parquet"
+    assert run.completed_shards() == {"m/t/s/00000"}
+    run.update_info(status="complete")
+    assert run.info()["status"] == "complete" and run.info()["run_id"] == "unit"
+    assert sorted(objects(f"{s3}/unit")) == [
+        "bucket/prefix/unit/run.json",
+        "bucket/prefix/unit/shards/m/w/t/s-00000.parquet",
+    ]
+    with pytest.raises(FileExistsError):
+        RunStore.create(f"{s3}/unit", {})
+    with pytest.raises(UserError, match="lost a slash"):
+        RunStore(str(Path(s3) / "unit"))
+
+
+def test_endpoint_knobs(s3: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    RunStore.create(f"{s3}/knobs", {"run_id": "knobs"})
+    endpoint, nowhere = os.environ["FLEET_S3_ENDPOINT"], "http://127.0.0.1:1"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", nowhere)  # FLEET_S3_ENDPOINT wins over the AWS SDK's name
+    assert RunStore(f"{s3}/knobs").info()["run_id"] == "knobs"
+    monkeypatch.delenv("FLEET_S3_ENDPOINT")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    assert RunStore(f"{s3}/knobs").info()["run_id"] == "knobs"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", nowhere)  # the URI's own query wins over both
+    assert RunStore(f"{s3}/knobs?endpoint_override={endpoint}").info()["run_id"] == "knobs"
+
+
+def test_run_report_and_resume_from_s3(
+    local_ray: Any, s3: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(MANIFEST)
+    uri = f"{s3}/r1"
+    assert cli.main(["run", str(manifest), "--results", s3, "--run-id", "r1", "--no-progress"]) == 0
+    assert f"results: {uri}" in capsys.readouterr().out
+
+    assert cli.main(["report", uri]) == 0
+    assert "# fleet-eval run r1" in capsys.readouterr().out
+    t = {name: frame.collect() for name, frame in analysis.load(uri).items()}
+    assert (t["requests"].height, t["tokens"].height, t["shards"].height) == (2 * 4, 2 * 4 * 8, 4)
+    assert RunStore(uri).completed_shards() == SHARDS
+    assert query.query(uri, "SELECT COUNT(*) AS n FROM tokens WHERE ref_logprob IS NOT NULL")["n"].item() == 4 * 8
+    same = compare.compare(uri, uri)  # a run against itself (Polars' parallel sums differ in the last bits)
+    assert same.height > 0 and same.filter(pl.col("delta").abs() > 1e-9).is_empty()
+    assert "fleet-eval report: r1" in html_report.render_html(uri, gates=[])
+
+    # The same run id again is refused before anything starts.
+    assert cli.main(["run", str(manifest), "--results", s3, "--run-id", "r1", "--no-progress"]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+    # Lose one shard's objects: resume redoes that shard and leaves every other object as it was.
+    before = objects(uri)
+    fs, _ = store.locate(uri)
+    lost = [p for p in before if p.endswith("/cand/p-00001.parquet")]
+    assert len(lost) == 3  # its requests, tokens and shards files
+    for path in lost:
+        fs.delete_file(path)
+    assert RunStore(uri).completed_shards() == SHARDS - {"m1/cand/p/00001"}
+    assert cli.main(["run", "--resume", uri, "--no-progress"]) == 0
+    after = objects(uri)
+    assert set(after) == set(before)
+    assert {p for p in before if after[p] != before[p]} - set(lost) == {"bucket/prefix/r1/run.json"}
+    assert RunStore(uri).completed_shards() == SHARDS
+    assert len(json.loads(after["bucket/prefix/r1/run.json"])["resumed_at"]) == 1
+    keys = ["target", "prompt_id", "position"]
+    tokens = analysis.load(uri)["tokens"].collect().select(*keys, "token_id", "logprob").sort(keys)
+    assert tokens.equals(t["tokens"].select(*keys, "token_id", "logprob").sort(keys))
+    assert tokens.filter(pl.col("target") == "cand").height == 4 * 8
