@@ -10,7 +10,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test lint docs clean
+.PHONY: setup demo test lint browser docs clean
 
 setup: $(STAMP)
 
@@ -27,12 +27,18 @@ demo: setup
 	$(PY) -m fleet run manifests/demo.yaml
 
 lint: setup
-	$(VENV)/bin/ruff check fleet actors tests
-	$(VENV)/bin/ruff format --check fleet actors tests
+	$(VENV)/bin/ruff check fleet actors tests benchmarks
+	$(VENV)/bin/ruff format --check fleet actors tests benchmarks
 	$(VENV)/bin/mypy
 
-test: lint
+test: lint browser
 	$(VENV)/bin/pytest
+
+# The HTML report is tested in a real headless Chromium (Debian's); without root the test skips.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "chromium not installed: the browser test will skip"
 
 clean:
 	rm -rf $(VENV)

@@ -1,7 +1,12 @@
-"""`fleet run MANIFEST` and `fleet report RUN_DIR`: one subcommand per verb.
+"""The `fleet` command: one subcommand per verb, the file first, then command-line overrides.
 
-Exit codes: 0 all targets completed; 2 bad input (one message, no traceback, nothing written);
-3 the run finished but some model/target failed (run.json and the report say which).
+    fleet run MANIFEST | --resume RUN_DIR     run (or finish) a manifest, print the summary
+    fleet report RUN_DIR [--html F] [--markdown F] [--gates F]
+    fleet compare RUN_A RUN_B [--gates F]
+    fleet query RUN_DIR "SQL" [--format table|csv|json] | --tables
+
+Exit codes: 0 done (and every gate passed); 2 bad input (one message, no traceback, nothing
+written); 3 the run finished but some model/target/shard failed; 4 a gate failed.
 """
 
 from __future__ import annotations
@@ -9,8 +14,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-EXIT_OK, EXIT_USAGE, EXIT_PARTIAL = 0, 2, 3
+if TYPE_CHECKING:
+    from fleet.gates import Gate
+
+EXIT_OK, EXIT_USAGE, EXIT_PARTIAL, EXIT_GATES = 0, 2, 3, 4
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -18,17 +27,37 @@ def _parser() -> argparse.ArgumentParser:
         prog="fleet", description="Parity and performance of LLM serving targets vs a reference."
     )
     sub = p.add_subparsers(dest="command", required=True)
+
     run = sub.add_parser("run", help="run a manifest, write Parquet results, print the summary")
-    run.add_argument("manifest", type=Path, help="manifest YAML file")
+    run.add_argument("manifest", type=Path, nargs="?", help="manifest YAML file")
+    run.add_argument("--resume", metavar="RUN_DIR", help="finish an interrupted run: only missing shards")
+    # Run directories are strings, not Paths: pathlib would turn s3://bucket/x into s3:/bucket/x.
     run.add_argument(
-        "--results", type=Path, default=Path("results"), help="where run directories go (default: results)"
+        "--results", default="results", help="where run directories go (default: results; or s3://bucket/prefix)"
     )
     run.add_argument("--run-id", help="run directory name (default: <manifest stem>-<UTC time>)")
     run.add_argument("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else start a local Ray)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--verbose", action="store_true", help="show actor and engine logs")
+
     report = sub.add_parser("report", help="recompute and print the summary from a run directory's Parquet files")
-    report.add_argument("run_dir", type=Path, help="a run directory (results/<run_id>)")
+    report.add_argument(
+        "run_dir", help="a run directory (results/<run_id>, or a URI such as s3://bucket/prefix/<run_id>)"
+    )
+    report.add_argument("--html", type=Path, metavar="OUT", help="also write a self-contained HTML report")
+    report.add_argument("--markdown", type=Path, metavar="OUT", help="also write a Markdown report")
+    report.add_argument("--gates", type=Path, metavar="FILE", help="gates YAML (default: the run's manifest gates)")
+
+    compare = sub.add_parser("compare", help="the same model x target in two runs side by side")
+    compare.add_argument("run_a")
+    compare.add_argument("run_b")
+    compare.add_argument("--gates", type=Path, metavar="FILE", help="gates YAML: show verdict changes")
+
+    query = sub.add_parser("query", help="SQL over a run's tables (requests, tokens, shards, parity, ...)")
+    query.add_argument("run_dir")
+    query.add_argument("sql", nargs="?", help="a SQL query (Polars SQL)")
+    query.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    query.add_argument("--tables", action="store_true", help="list the tables and their columns")
     return p
 
 
@@ -37,9 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     try:
-        if args.command == "run":
-            return _run(args)
-        return _report(args.run_dir)
+        return {"run": _run, "report": _report, "compare": _compare, "query": _query}[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -47,23 +74,60 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from fleet import driver
+    from fleet.errors import UserError
 
-    run_dir, outcome = driver.run(
-        args.manifest,
-        results_dir=args.results,
-        run_id=args.run_id,
-        ray_address=args.ray_address,
-        progress=not args.no_progress,
-        verbose=args.verbose,
-    )
-    code = _report(run_dir)
+    common = {"ray_address": args.ray_address, "progress": not args.no_progress, "verbose": args.verbose}
+    if (args.manifest is None) == (args.resume is None):
+        msg = "fleet run takes a MANIFEST or --resume RUN_DIR (one of them)"
+        raise UserError(msg)
+    if args.resume is not None:
+        run_dir, _ = driver.resume(args.resume, **common)
+    else:
+        run_dir, _ = driver.run(args.manifest, results_dir=args.results, run_id=args.run_id, **common)
+    code = _summarize(run_dir)
     print(f"\nresults: {run_dir}")
-    return EXIT_PARTIAL if outcome.failures else code
+    return code
 
 
-def _report(run_dir: Path) -> int:
+def _report(args: argparse.Namespace) -> int:
+    from fleet import gates, html_report
+
+    chosen = gates.load(args.gates) if args.gates else None
+    code = _summarize(args.run_dir, chosen)
+    for out, render in ((args.html, html_report.render_html), (args.markdown, html_report.render_markdown)):
+        if out is not None:
+            out.write_text(render(args.run_dir, gates=chosen), encoding="utf-8")
+            print(f"wrote {out}")
+    return code
+
+
+def _summarize(run_dir: str | Path, chosen: list[Gate] | None = None) -> int:
     from fleet import report
 
-    text, complete = report.render(run_dir)
-    print(text)
-    return EXIT_OK if complete else EXIT_PARTIAL
+    summary = report.render(run_dir, gates=chosen)
+    print(summary.text)
+    if not summary.complete:
+        return EXIT_PARTIAL
+    return EXIT_GATES if summary.gates_passed is False else EXIT_OK
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from fleet import compare, gates
+
+    chosen = gates.load(args.gates) if args.gates else None
+    print(compare.render(compare.compare(args.run_a, args.run_b, gates=chosen), run_a=args.run_a, run_b=args.run_b))
+    return EXIT_OK
+
+
+def _query(args: argparse.Namespace) -> int:
+    from fleet import query
+    from fleet.errors import UserError
+
+    if args.tables:
+        print(query.describe(args.run_dir))
+        return EXIT_OK
+    if not args.sql:
+        msg = 'fleet query needs a SQL string (or --tables), e.g. "SELECT * FROM requests LIMIT 5"'
+        raise UserError(msg)
+    print(query.render(query.query(args.run_dir, args.sql), fmt=args.format))
+    return EXIT_OK

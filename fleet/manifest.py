@@ -15,15 +15,18 @@ from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_
 from actors import BACKENDS
 from actors.base import DType, Strict, TargetArgs
 from fleet.errors import ManifestError
+from fleet.gates import Gate
 from fleet.prompts import Prompt, expand
-from fleet.sources import ModelSource, PathSource
+from fleet.sources import GgufSource, ModelSource, PathSource
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 
 class ModelSpec(Strict):
     name: Name = Field(description="Model name, used in result paths.")
-    source: ModelSource = Field(description="Where the weights come from (kind: path | synthetic | hf | ...).")
+    source: ModelSource = Field(
+        description="Where the weights come from (kind: path | synthetic | hf | modelscope | gguf)."
+    )
     max_model_len: int | None = Field(None, ge=16, description="Context length for every target of this model.")
     dtype: DType | None = Field(None, description="Overrides every target's dtype for this model.")
     tokenizer: str | None = Field(None, description="Tokenizer directory or id, when not the model's own.")
@@ -39,6 +42,9 @@ class Sampling(Strict):
 
 class RunOptions(Strict):
     shard_size: int = Field(16, ge=1, description="Prompts per shard: the unit of dispatch, retry and writing.")
+    shard_timeout_s: float = Field(1800, gt=0, description="A shard (or its scoring) running longer is retried.")
+    start_timeout_s: float = Field(1800, gt=0, description="Model download + engine start longer than this fails.")
+    max_attempts: int = Field(3, ge=1, description="Tries per shard before it is recorded as failed.")
 
 
 def _target_union() -> Any:
@@ -69,6 +75,9 @@ class Manifest(Strict):
     reference: str = Field(description="Name of the target the others are compared with.")
     sampling: Sampling = Field(default_factory=Sampling, description="Decoding settings, shared by all targets.")
     run: RunOptions = Field(default_factory=RunOptions, description="How the work is cut and dispatched.")
+    gates: list[Gate] = Field(
+        default_factory=list, description="Pass/fail thresholds per model x candidate target (fleet/gates.py)."
+    )
 
     @field_validator("prompts", mode="before")
     @classmethod
@@ -99,6 +108,15 @@ class Manifest(Strict):
             if dupes:
                 msg = f"{field}: duplicate names: {', '.join(dupes)}"
                 raise ValueError(msg)
+        for i, gate in enumerate(self.gates):
+            for field, known in (
+                ("models", {m.name for m in self.models}),
+                ("targets", {t.name for t in self.targets}),
+            ):
+                unknown = sorted(set(getattr(gate, field) or ()) - known)
+                if unknown:
+                    msg = f"gates[{i}].{field}: {', '.join(unknown)} not in the manifest's {field}"
+                    raise ValueError(msg)
         if self.reference not in {t.name for t in self.targets}:
             msg = (
                 f"reference {self.reference!r} names no target; targets are: {', '.join(t.name for t in self.targets)}"
@@ -133,15 +151,16 @@ def load(path: str | Path) -> Manifest:
 
 
 def _resolve_paths(manifest: Manifest, base_dir: Path, path: Path) -> Manifest:
+    """Make local model paths absolute (relative to the manifest file) and check path sources."""
     models = []
     for i, model in enumerate(manifest.models):
-        if isinstance(model.source, PathSource):
-            model_dir = (base_dir / model.source.path).resolve()
-            if not (model_dir / "config.json").is_file():
-                msg = f"{path}: models[{i}].source.path: {model_dir} is not a model directory (no config.json)"
-                raise ManifestError(msg)
-            model = model.model_copy(update={"source": PathSource(path=model_dir)})
-        models.append(model)
+        source = model.source
+        if isinstance(source, PathSource | GgufSource) and source.path is not None:
+            source = source.model_copy(update={"path": (base_dir / source.path).resolve()})
+        if isinstance(source, PathSource) and not (source.path / "config.json").is_file():
+            msg = f"{path}: models[{i}].source.path: {source.path} is not a model directory (no config.json)"
+            raise ManifestError(msg)
+        models.append(model.model_copy(update={"source": source}))
     return manifest.model_copy(update={"models": models})
 
 

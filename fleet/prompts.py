@@ -26,12 +26,13 @@ class Message(Strict):
 
 class Expected(Strict):
     """Exactly one rule. contains: case-insensitive substring; exact: equal after stripping
-    whitespace; regex: re.search matches; number: the first number in the output equals it."""
+    whitespace; regex: re.search matches; number: the last number in the output equals it (the
+    GSM8K convention: "2 + 2 = 4" answers 4)."""
 
     contains: str | None = Field(None, description="Case-insensitive substring of the output.")
     exact: str | None = Field(None, description="The whole output, whitespace-stripped.")
     regex: str | None = Field(None, description="A Python regular expression searched in the output.")
-    number: float | None = Field(None, description="The first number in the output (commas ignored).")
+    number: float | None = Field(None, description="The last number in the output (commas ignored).")
 
     @model_validator(mode="after")
     def _one_rule(self) -> Expected:
@@ -81,10 +82,11 @@ def is_correct(rule: str | None, output: str | None) -> bool | None:
         return text.strip() == str(value).strip()
     if kind == "regex":
         return re.search(str(value), text) is not None
-    found = _NUMBER.search(text)
-    return found is not None and abs(float(found.group().replace(",", "")) - float(value)) <= 1e-6 * max(
-        1.0, abs(float(value))
-    )
+    numbers = _NUMBER.findall(text)
+    if not numbers:
+        return False
+    last = float(numbers[-1].replace(",", ""))
+    return abs(last - float(value)) <= 1e-6 * max(1.0, abs(float(value)))
 
 
 def builtin_names() -> list[str]:

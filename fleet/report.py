@@ -5,15 +5,17 @@ Tables are printed as Markdown, so a summary pastes straight into an adaptation 
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from fleet import analysis
+from fleet import gates as gate_mod
 from fleet.errors import UserError
-from fleet.store import RUN_JSON
+from fleet.gates import Gate
+from fleet.store import RUN_JSON, RunStore
 
 PARITY_COLUMNS = {
     "model": "model",
@@ -69,13 +71,13 @@ ACCURACY_COLUMNS = {
 }
 
 
-def read_info(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / RUN_JSON
-    if not path.is_file():
+def read_info(run_dir: str | Path) -> dict[str, Any]:
+    """run.json of a local run directory or of a URI (s3://bucket/prefix/run_id)."""
+    try:
+        return RunStore(run_dir).info()
+    except FileNotFoundError:
         msg = f"{run_dir}: not a run directory (no {RUN_JSON})"
-        raise UserError(msg)
-    info: dict[str, Any] = json.loads(path.read_text())
-    return info
+        raise UserError(msg) from None
 
 
 FIRST_STEP_COLUMNS = {
@@ -96,11 +98,20 @@ FIRST_STEP_COLUMNS = {
 def _table(frame: pl.DataFrame, columns: dict[str, str]) -> str:
     frame = frame.select([c for c in columns if c in frame.columns])
     # 4 significant digits: a float32 port's 3e-6 must not print as 0.0000.
-    frame = frame.with_columns(
-        pl.col(c).map_elements(lambda v: f"{v:.4g}", return_dtype=pl.String)
-        for c, dtype in frame.schema.items()
-        if dtype.is_float()
-    ).rename(columns, strict=False)
+    frame = (
+        frame.with_columns(
+            pl.col(c).map_elements(lambda v: f"{v:.4g}", return_dtype=pl.String)
+            for c, dtype in frame.schema.items()
+            if dtype.is_float()
+        )
+        .with_columns(
+            # One row per line: generated text shows its line breaks as ⏎.
+            pl.col(c).str.replace_all("\n", "⏎", literal=True)
+            for c, dtype in frame.schema.items()
+            if dtype == pl.String
+        )
+        .rename(columns, strict=False)
+    )
     with pl.Config(
         tbl_formatting="ASCII_MARKDOWN",
         tbl_hide_column_data_types=True,
@@ -113,23 +124,26 @@ def _table(frame: pl.DataFrame, columns: dict[str, str]) -> str:
         return str(frame)
 
 
-def render(run_dir: Path) -> tuple[str, bool]:
-    """The summary text, and whether the run completed with every target."""
+@dataclass(frozen=True)
+class Summary:
+    text: str
+    complete: bool  # the run finished with every target and shard
+    gates_passed: bool | None  # None: no gates to apply
+
+
+def render(run_dir: str | Path, *, gates: list[Gate] | None = None) -> Summary:
+    """The summary text recomputed from the run's Parquet files, with gate verdicts (the gates
+    given, else those of the run's manifest)."""
     info = read_info(run_dir)
     reference = info["reference"]
     tables = {name: frame.collect() for name, frame in analysis.load(run_dir).items()}
     out = [
-        f"# fleet-eval run {info.get('run_id', run_dir.name)}",
+        f"# fleet-eval run {info.get('run_id', run_dir)}",
         f"status: {info.get('status')}  started: {info.get('started_at')}  finished: {info.get('finished_at')}",
         f"manifest: {info.get('manifest_path')} (sha256 {str(info.get('manifest_sha256', ''))[:12]})",
         f"reference: {reference}",
+        *_notices(info, tables["requests"]),
     ]
-    for key, reason in (info.get("failures") or {}).items():
-        out.append(f"FAILED {key}: {reason}")
-    weights = tables["requests"].group_by("model").agg(pl.col("model_weights").unique())
-    for model, digests in weights.iter_rows():
-        if len(digests) > 1:  # every target of a model must have loaded the same bytes
-            out.append(f"WARNING {model}: targets loaded different weights {sorted(digests)}")
     requests, tokens = tables["requests"], tables["tokens"]
     parity = analysis.parity(requests, tokens, reference)
     out += [
@@ -138,14 +152,72 @@ def render(run_dir: Path) -> tuple[str, bool]:
         _table(parity, PARITY_COLUMNS),
     ]
     first = analysis.first_step(tokens, reference)
-    out += ["", "## First step per prompt", _table(first, FIRST_STEP_COLUMNS)]
+    out += ["", "## First step per prompt", _table(first, FIRST_STEP_COLUMNS), *_first_step_totals(parity)]
     answers = analysis.answers(requests, reference).with_columns(
         pl.col("match").replace_strict({True: "✅", False: "❌"}, return_dtype=pl.String)
     )
-    out += ["", "## Full sequences (greedy)", _table(answers, ANSWER_COLUMNS)]
+    out += ["", "## Full sequences (greedy)", _table(answers, ANSWER_COLUMNS), *_sequence_totals(parity)]
     accuracy = analysis.accuracy(requests, reference)
     if accuracy.height:
         out += ["", "## Task accuracy (prompts with an expected answer)", _table(accuracy, ACCURACY_COLUMNS)]
     perf = analysis.throughput(requests, tables["shards"])
     out += ["", "## Throughput and latency per target (engine-side timestamps)", _table(perf, PERF_COLUMNS)]
-    return "\n".join(out), info.get("status") == "complete"
+    gates = gate_mod.from_info(info) if gates is None else gates
+    passed = None
+    if gates:
+        verdicts = gate_mod.evaluate(
+            gates,
+            parity,
+            perf,
+            run_dir=run_dir,
+            reference=reference,
+            expected=gate_mod.expected_pairs(info),
+            extra=[accuracy.select("model", "target", task_accuracy_delta="delta_points")],
+        )
+        passed = gate_mod.passed(verdicts)
+        out += ["", f"## Gates: {'PASS' if passed else 'FAIL'}", gate_mod.render(verdicts)]
+    return Summary("\n".join(out), info.get("status") == "complete", passed)
+
+
+def _g(value: float | None, *, scale: float = 1.0) -> str:
+    return "n/a" if value is None else f"{scale * value:.4g}"
+
+
+def _first_step_totals(parity: pl.DataFrame) -> list[str]:
+    """The report's summary lines under the first-step table: means and the top-1 count."""
+    return [
+        f"{r['model']} / {r['target']}: mean |diff| {_g(r['first_logprob_diff_mean'])}, "
+        f"mean rel err {_g(r['first_prob_rel_err_mean'], scale=100)}%, "
+        f"top-1 agreement {round(r['first_top1_agreement'] * r['n_prompts'])}/{r['n_prompts']}"
+        for r in parity.iter_rows(named=True)
+    ]
+
+
+def _sequence_totals(parity: pl.DataFrame) -> list[str]:
+    """Sequence and token match with their counts, and r / MAE over the matched tokens."""
+    out = []
+    for r in parity.iter_rows(named=True):
+        seqs = round(r["seq_match_rate"] * r["n_prompts"])
+        out.append(
+            f"{r['model']} / {r['target']}: sequence match {seqs}/{r['n_prompts']} "
+            f"({100 * r['seq_match_rate']:.1f}%), token match {r['tokens_matched']}/{r['tokens_total']} "
+            f"({100 * r['token_match_rate']:.1f}%), "
+            f"matched-token logprob r = {_g(r['pearson_r'])}, MAE = {_g(r['mae'])}"
+        )
+    return out
+
+
+def _notices(info: dict[str, Any], requests: pl.DataFrame) -> list[str]:
+    """Lines a reader must not miss: failures, retries, test doubles, mixed weights."""
+    out = [f"FAILED {key}: {reason}" for key, reason in (info.get("failures") or {}).items()]
+    out += [f"FAILED shard {shard}: {reason}" for shard, reason in (info.get("failed_shards") or {}).items()]
+    if info.get("retries"):
+        out.append(f"retried calls: {info['retries']} (faults survived; rows are written once per shard)")
+    doubles = [k for k, p in (info.get("provenance") or {}).items() if p.get("device") == "test-double"]
+    if doubles:
+        out.append(f"TEST DOUBLE targets (no model ran; figures are meaningless): {', '.join(doubles)}")
+    weights = requests.group_by("model").agg(pl.col("model_weights").unique())
+    for model, digests in weights.iter_rows():
+        if len(digests) > 1:  # every target of a model must have loaded the same bytes
+            out.append(f"WARNING {model}: targets loaded different weights {sorted(digests)}")
+    return out

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fleet import analysis, schema
+from fleet.errors import UserError
 
 REF, CAND = "hf", "vllm"
 
@@ -26,6 +27,7 @@ def _frame(arrow_schema: pa.Schema, rows: list[dict[str, Any]]) -> pl.DataFrame:
 def _req(target: str, pid: str, ids: list[int], **extra: Any) -> dict[str, Any]:
     return {
         "model": "m",
+        "model_weights": "w",
         "target": target,
         "prompt_set": "s",
         "prompt_id": pid,
@@ -328,5 +330,5 @@ def test_load_refuses_other_schema_version(tmp_path: Path) -> None:
     table = table.replace_schema_metadata({**table.schema.metadata, b"fleet.schema_version": b"999"})
     (tmp_path / "requests").mkdir()
     pq.write_table(table, tmp_path / "requests" / "x.parquet")
-    with pytest.raises(ValueError, match="schema version 999"):
+    with pytest.raises(UserError, match="schema version 999"):
         analysis.load(tmp_path)

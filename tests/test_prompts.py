@@ -20,8 +20,9 @@ from fleet.prompts import Expected, Prompt, builtin_names, is_correct
         (Expected(exact="4"), "  4\n", True),
         (Expected(exact="4"), "4.", False),
         (Expected(regex=r"H2O|H₂O"), "It is H₂O.", True),
-        (Expected(number=7), "You have 7 apples left (10 - 3).", True),
-        (Expected(number=7), "10 - 3 = 7", False),  # the first number decides
+        (Expected(number=7), "10 - 3 = 7", True),
+        (Expected(number=7), "You have 7 apples left (10 - 3).", False),  # the last number decides
+        (Expected(number=4), "2 + 2 = 4.", True),
         (Expected(number=1000), "1,000", True),
         (Expected(number=0.5), "about 0.50", True),
         (Expected(number=4), "four", False),

@@ -1,0 +1,177 @@
+"""fleet.compare on two small hand-made run directories (written through fleet.store.RunStore).
+
+`write_run` is also used by test_query and test_html: one model `m`, prompt set `s`, prompts p1
+and p2 of three tokens each, a reference `ref` and candidates whose outputs the test chooses.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from fleet import compare, gates, schema
+from fleet.store import RunStore
+
+# Reference outputs: prompt -> [(token, logprob)]. Logprobs are multiples of 1/4, exact in float32.
+REF_OUT = {"p1": [(5, -0.5), (6, -1.0), (7, -0.25)], "p2": [(5, -0.25), (8, -0.5), (9, -1.0)]}
+# A candidate equal to the reference, and one diverging on p2 at position 1 (3 instead of 8).
+# Entries are (token, candidate logprob, reference's teacher-forced logprob of that token).
+SAME = {
+    "p1": [(5, -0.75, -0.5), (6, -1.0, -1.0), (7, -0.25, -0.25)],
+    "p2": [(5, -0.25, -0.25), (8, -0.5, -0.5), (9, -1.0, -1.0)],
+}
+DIVERGED = {"p1": SAME["p1"], "p2": [(5, -0.25, -0.25), (3, -0.75, -1.5), (9, -1.0, -1.25)]}
+PROMPTS = {"p1": "The capital of France is", "p2": "Two plus two equals"}
+
+
+def _table(arrow_schema: pa.Schema, rows: list[dict[str, Any]]) -> pa.Table:
+    """Rows with exactly the schema's columns (absent ones null; keys the schema lacks dropped)."""
+    names = arrow_schema.names
+    return pa.Table.from_pylist([{c: row.get(c) for c in names} for row in rows], schema=arrow_schema)
+
+
+def _keys(target: str) -> dict[str, Any]:
+    # model_weights: a key column other sessions may add to the schema; dropped when absent.
+    return {"model": "m", "target": target, "prompt_set": "s", "model_weights": "0123456789abcdef"}
+
+
+def _write_target(store: RunStore, target: str, outputs: dict[str, list[tuple[Any, ...]]], *, wall_s: float) -> None:
+    shard = f"m/{target}/s/00000"
+    requests, tokens = [], []
+    for i, (pid, out) in enumerate(sorted(outputs.items())):
+        ids = [t[0] for t in out]
+        requests.append(_keys(target) | {
+            "prompt_id": pid, "shard_id": shard, "prompt": PROMPTS[pid], "prompt_token_ids": [1, 2],
+            "output_text": " ".join(f"t{t}" for t in ids), "output_token_ids": ids, "n_prompt_tokens": 2,
+            "n_output_tokens": len(ids), "finish_reason": "length", "queue_s": 0.0,
+            "ttft_s": 0.01 * (i + 1), "tpot_s": 0.005, "e2e_s": 0.1 * (i + 1),
+        })  # fmt: skip
+        for pos, (tok, lp, *ref) in enumerate(out):
+            row = _keys(target) | {"prompt_id": pid, "position": pos, "token_id": tok, "logprob": lp, "rank": 1}
+            row |= {"topk_ids": [tok], "topk_logprobs": [lp]}
+            if ref:  # a candidate row: the reference's teacher-forced view of the same token
+                row |= {"ref_logprob": ref[0], "ref_rank": 1, "ref_topk_ids": [tok], "ref_topk_logprobs": [ref[0]]}
+            tokens.append(row)
+    n_tokens = sum(len(o) for o in outputs.values())
+    shard_row = _keys(target) | {"shard_id": shard, "n_requests": len(outputs), "n_output_tokens": n_tokens}
+    shard_row |= {"wall_s": wall_s, "hostname": "node-1"}
+    store.write("requests", shard, _table(schema.REQUESTS, requests))
+    store.write("tokens", shard, _table(schema.TOKENS, tokens))
+    store.write("shards", shard, _table(schema.SHARDS, [shard_row]))
+
+
+def write_model_dir(path: Path) -> Path:
+    """A model directory with a config.json and a safetensors file of 40 parameters (4x8 + 8)."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "num_hidden_layers": 2, "vocab_size": 512, "rope_parameters": {"rope_theta": 10000.0}}  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config))
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4, 8], "data_offsets": [0, 128]},
+                         "b": {"dtype": "F32", "shape": [8], "data_offsets": [128, 160]}}).encode()  # fmt: skip
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(160))
+    return path
+
+
+def write_run(
+    run_dir: Path,
+    candidates: dict[str, dict[str, list[tuple[Any, ...]]]],
+    *,
+    wall_s: dict[str, float] | None = None,
+    versions: dict[str, str] | None = None,
+    gate_specs: list[dict[str, Any]] | None = None,
+    model_dir: Path | None = None,
+    failures: dict[str, str] | None = None,
+) -> Path:
+    """A complete run directory: reference `ref` (REF_OUT) and the given candidates; 6 tokens per target."""
+    wall_s = wall_s or {}
+    targets = ["ref", *candidates]
+    manifest = {
+        "models": [{"name": "m"}],
+        "targets": [{"name": t, "kind": "hf", "device": "cpu", "dtype": "float32"} for t in targets],
+        "sampling": {"max_tokens": 3, "logprobs": 1},
+        **({"gates": gate_specs} if gate_specs else {}),
+    }
+    prov = {"hostname": "node-1", "device": "cpu", "device_name": "Test CPU", **(versions or {"vllm": "0.1"})}
+    prov |= {"weights_sha256": "0123456789abcdef", "model_dir": str(model_dir) if model_dir else None}
+    info = {"run_id": run_dir.name, "reference": "ref", "manifest_path": "test.yaml", "manifest_sha256": "ab" * 32,
+            "manifest_resolved": manifest, "driver": {"python": "3.11", "polars": pl.__version__},
+            "provenance": {f"m/{t}": prov for t in targets}}  # fmt: skip
+    store = RunStore.create(run_dir, info)
+    _write_target(store, "ref", REF_OUT, wall_s=wall_s.get("ref", 1.0))
+    for name, outputs in candidates.items():
+        _write_target(store, name, outputs, wall_s=wall_s.get(name, 0.5))
+    store.update_info(status="partial" if failures else "complete", finished_at="now", failures=failures or {})
+    return run_dir
+
+
+@pytest.fixture
+def two_runs(tmp_path: Path) -> tuple[Path, Path]:
+    a = write_run(tmp_path / "a", {"cand": SAME}, wall_s={"cand": 0.5})
+    # B: cand diverges and is twice as fast; a second candidate appears; vLLM was upgraded.
+    b = write_run(tmp_path / "b", {"cand": DIVERGED, "cand2": SAME}, wall_s={"cand": 0.25}, versions={"vllm": "0.2"})
+    return a, b
+
+
+GATES = gates.parse(
+    [
+        {"metric": "seq_match_rate", "op": ">=", "threshold": 1.0},
+        {"metric": "first_top1_agreement", "op": ">=", "threshold": 1.0},
+    ]
+)
+
+
+def _row(frame: pl.DataFrame, target: str, metric: str) -> dict[str, Any]:
+    rows = frame.filter((pl.col("target") == target) & (pl.col("metric") == metric)).to_dicts()
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_metric_deltas_and_direction(two_runs: tuple[Path, Path]) -> None:
+    frame = compare.compare(*two_runs)
+    # seq match: A 2/2 = 1, B 1/2 (p2 diverges) -> delta -0.5, worse.
+    seq = _row(frame, "cand", "seq_match_rate")
+    assert (seq["a"], seq["b"], seq["delta"], seq["direction"]) == (1.0, 0.5, -0.5, "worse")
+    # token match: A 6/6; B p1 3/3 + p2 2/3 (positions 0 and 2) = 5/6.
+    tok = _row(frame, "cand", "token_match_rate")
+    assert tok["b"] == pytest.approx(5 / 6) and tok["delta"] == pytest.approx(-1 / 6)
+    # output tok/s: 6 tokens / 0.5 s = 12 in A, 6 / 0.25 s = 24 in B: +12, +100 %, better.
+    tps = _row(frame, "cand", "output_tok_s")
+    assert (tps["a"], tps["b"], tps["delta"], tps["rel_delta"], tps["direction"]) == (12.0, 24.0, 12.0, 1.0, "better")
+    # An unchanged metric has no direction.
+    assert _row(frame, "cand", "first_top1_agreement")["direction"] is None
+    assert _row(frame, "cand", "first_top1_agreement")["delta"] == 0.0
+
+
+def test_target_in_one_run_only(two_runs: tuple[Path, Path]) -> None:
+    row = _row(compare.compare(*two_runs), "cand2", "seq_match_rate")
+    assert row["a"] is None and row["b"] == 1.0 and row["delta"] is None
+
+
+def test_gate_changes(two_runs: tuple[Path, Path]) -> None:
+    frame = compare.compare(*two_runs, gates=GATES)
+    seq = _row(frame, "cand", "seq_match_rate")
+    assert (seq["verdict_a"], seq["verdict_b"], seq["change"]) == ("PASS", "FAIL", "PASS -> FAIL")
+    top1 = _row(frame, "cand", "first_top1_agreement")  # position 0 is the same token in both runs
+    assert (top1["verdict_a"], top1["verdict_b"], top1["change"]) == ("PASS", "PASS", None)
+    # cand2 exists only in B: its gates go from absent to PASS.
+    assert _row(frame, "cand2", "seq_match_rate")["change"] == "none -> PASS"
+
+
+def test_provenance_changes_and_render(two_runs: tuple[Path, Path]) -> None:
+    env = compare.provenance_changes(*two_runs)
+    assert env.filter(pl.col("key") == "vllm").select("scope", "a", "b").rows() == [
+        ("m/cand", "0.1", "0.2"),
+        ("m/cand2", None, "0.2"),  # a target new in B: its fields differ from nothing
+        ("m/ref", "0.1", "0.2"),
+    ]
+    text = compare.render(compare.compare(*two_runs, gates=GATES), run_a=two_runs[0], run_b=two_runs[1])
+    assert "m/cand: vllm: 0.1 -> 0.2" in text
+    assert "## Gate changes: 3" in text
+    assert "m/cand: seq_match_rate >= 1: PASS -> FAIL" in text
+    assert "## m / cand" in text and "| seq_match_rate | 1 | 0.5 | -0.5 | -0.5 | worse |" in text

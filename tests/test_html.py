@@ -1,0 +1,151 @@
+"""fleet.html_report and fleet.svg: content checks, then the page in a real headless Chromium.
+
+The browser tests skip when Debian's chromium is not installed (`apt-get install -y chromium`).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import polars as pl
+import pytest
+from test_compare import DIVERGED, SAME, write_model_dir, write_run
+
+from fleet import gates, html_report, svg
+
+N_PLOTS = 8  # scatter, drift by position, divergence, TTFT CDF, E2E CDF, layer rel_l2 and cosine, concurrency
+GATES = gates.parse(
+    [
+        {"metric": "first_top1_agreement", "op": ">=", "threshold": 1.0},
+        {"metric": "seq_match_rate", "op": ">=", "threshold": 1.0},  # cand diverges on p2: FAIL
+    ]
+)
+LAYERS = pl.DataFrame(
+    {"model": ["m"] * 6, "target": ["cand"] * 3 + ["cand2"] * 3, "layer": [0, 1, 2] * 2,
+     "rel_l2": [0.0, 0.004, 0.009, 0.0, 0.001, 0.002], "cosine": [1.0, 0.9999, 0.9995, 1.0, 1.0, 0.9999]}
+)  # fmt: skip
+SWEEP = pl.DataFrame(
+    {"model": ["m"] * 3, "target": ["cand"] * 3, "concurrency": [1, 4, 16], "output_tok_s": [50.0, 180.0, 400.0]}
+)
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    model_dir = write_model_dir(tmp_path / "model")
+    return write_run(tmp_path / "run", {"cand": DIVERGED, "cand2": SAME}, model_dir=model_dir,
+                     gate_specs=[g.model_dump(exclude_none=True) for g in GATES])  # fmt: skip
+
+
+def test_html_is_self_contained(run: Path) -> None:
+    page = html_report.render_html(run, layers=LAYERS, concurrency=SWEEP)
+    assert page.count("<svg") == N_PLOTS and "not measured" not in page
+    # Nothing to fetch and nothing to run: no scripts, links, sources or URLs.
+    assert not re.search(r"<script|<link|<img|<iframe|src=|href=|https?:|url\(", page, flags=re.IGNORECASE)
+    assert "Content-Security-Policy" in page
+
+
+def test_html_content(run: Path) -> None:
+    page = html_report.render_html(run)  # gates from run.json, no probe tables
+    assert "FAIL: 1 of 4 gate checks fail." in page
+    assert '<td class="fail">FAIL</td>' in page and page.count('<td class="pass">PASS</td>') == 3
+    assert "not measured in this run (layer-wise probe off)" in page
+    assert "LlamaForCausalLM" in page and "<td>parameters</td><td>40</td>" in page and "10000.0" in page
+    assert "Test CPU" in page and "0123456789abcdef" in page
+    assert html_report.render_html(run, gates=[]).count("No gates configured") == 1
+    failed = write_run(run.parent / "failed", {"cand": SAME}, failures={"m/npu": "RuntimeError: no NPU"})
+    assert '<div class="banner FAIL">FAILED m/npu: RuntimeError: no NPU</div>' in html_report.render_html(failed)
+    assert "- FAILED m/npu: RuntimeError: no NPU" in html_report.render_markdown(failed)
+
+
+def test_markdown_follows_the_seed_reports(run: Path) -> None:
+    text = html_report.render_markdown(run)
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["## 1. Summary", "## 2. Environment", "## 3. Model architecture", "## 4. Accuracy",
+                        "## 5. Performance (engine-side timestamps)", "## 6. Conclusion"]  # fmt: skip
+    # First step of cand: p1 0.75 - 0.5 = 0.25 |diff|; p2 identical. P rel err p1 = |e^-0.75 - e^-0.5| / e^-0.5.
+    assert "| p1 | -0.5 | -0.75 | 0.25 | 0.6065 | 0.4724 | 22.12 | ✅ |" in text
+    assert "| mean | — | — | 0.125 | — | — | 11.06 | — |" in text
+    assert "First-step top-1 agreement: 100.0% (2/2)." in text
+    assert "| p2 | t5 t8 t9 | t5 t3 t9 | ❌ | 1 |" in text
+    assert "| m | cand | 100.0% | 50.0% (1/2) | 83.3% (5/6) |" in text
+    assert text.count("**FAIL: 1 of 4 gate checks fail.**") == 2  # summary and conclusion
+
+
+def test_long_tables_show_the_worst_rows(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(html_report, "MD_ROWS", 1)
+    text = html_report.render_markdown(run)
+    # cand's diverged prompt p2 is kept and p1 dropped (cand2's table keeps p1); the mean covers both prompts.
+    assert "| p2 | t5 t8 t9 | t5 t3 t9 | ❌ | 1 |" in text and text.count("| p1 | t5 t6 t7 | t5 t6 t7 |") == 1
+    assert "Showing the 1 worst of 2 rows by first_divergence" in text
+    assert "| p1 | -0.5 | -0.75 | 0.25 |" in text and "| mean | — | — | 0.125 |" in text
+
+
+def test_plots_from_hand_made_frames() -> None:
+    assert svg.nice_ticks(0.0, 0.97) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert svg.nice_ticks(3.0, 3.0) == [2.4, 2.6, 2.8, 3.0, 3.2, 3.4, 3.6]
+    chart = svg.layer_errors(LAYERS)
+    assert chart.count("<polyline") == 2 and "<title>cand2</title>" in chart
+    assert "rel_l2" in chart and "placeholder" not in chart
+    assert "not measured" in svg.layer_errors(None) and "not measured" in svg.throughput_vs_concurrency(None)
+    assert svg.throughput_vs_concurrency(SWEEP).count("<circle") == 3
+    assert ">0.9995<" in svg.layer_errors(LAYERS, metric="cosine")  # y axis zoomed onto the data, not from 0
+    seqs = pl.DataFrame(
+        {"model": ["m"] * 3, "target": ["c"] * 3, "tokens_total": [3, 3, 3], "first_divergence": [1, None, 1]}
+    )
+    bars = svg.divergence_histogram(seqs)
+    # positions 0, 1, 2 and "none": 0, 2, 0, 1 prompts
+    assert [float(x) for x in re.findall(r"<title>c [^:]+: ([\d.]+)</title>", bars)] == [0, 2, 0, 1]
+    assert "no data" in svg.scatter({"a": ([float("nan")], [1.0])}, title="t", x_label="x", y_label="y")
+
+
+# --- in a real browser ---------------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage", "--hide-scrollbars"]  # fmt: skip
+
+
+def _chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    args = [str(CHROMIUM), *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *extra]
+    return subprocess.run([*args, page.as_uri()], capture_output=True, text=True, timeout=120, check=True)
+
+
+def _console(stderr: str) -> list[str]:
+    """Console messages (errors, CSP violations, uncaught exceptions) from Chromium's log."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+
+
+@needs_chromium
+def test_page_renders_in_chromium(run: Path, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    page.write_text(html_report.render_html(run, layers=LAYERS, concurrency=SWEEP), encoding="utf-8")
+    dom = _chromium(page, tmp_path / "profile", "--dump-dom")
+    assert dom.stdout.count("<svg") == N_PLOTS and dom.stdout.count("<polyline") >= 5
+    assert _console(dom.stderr) == []
+    shot = tmp_path / "report.png"
+    result = _chromium(page, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1400,3000")
+    assert _console(result.stderr) == []
+    header = shot.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", header[16:24]) == (1400, 3000)
+    assert shot.stat().st_size > 50_000  # a blank page compresses to a few KB
+
+
+@needs_chromium
+def test_console_check_catches_errors(tmp_path: Path) -> None:
+    """The check above is not vacuous: a script error and a blocked fetch both show up."""
+    page = tmp_path / "bad.html"
+    csp = f'<meta http-equiv="Content-Security-Policy" content="{html_report.CSP}">'
+    page.write_text(f'<html><head>{csp}</head><body><img src="http://192.0.2.1/x.png"></body></html>')
+    assert any(
+        "Content Security Policy" in line for line in _console(_chromium(page, tmp_path / "p", "--dump-dom").stderr)
+    )
+    page.write_text("<html><body><script>throw new Error('boom')</script></body></html>")
+    assert any(
+        "Uncaught Error: boom" in line for line in _console(_chromium(page, tmp_path / "p", "--dump-dom").stderr)
+    )
