@@ -10,12 +10,18 @@ from __future__ import annotations
 import importlib
 
 from actors.base import Backend, Engine, TargetArgs
+from actors.endpoint import EndpointArgs
 from actors.hf_reference import HFArgs
+from actors.test_double import TestDoubleArgs
 from actors.vllm_engine import VllmArgs
+from actors.vllm_server import VllmServerArgs
 
 BACKENDS: dict[str, Backend] = {
     "vllm": Backend(VllmArgs, "actors.vllm_engine:VllmEngine"),
     "hf": Backend(HFArgs, "actors.hf_reference:HFEngine"),
+    "vllm-server": Backend(VllmServerArgs, "actors.vllm_server:VllmServerEngine"),
+    "endpoint": Backend(EndpointArgs, "actors.endpoint:EndpointEngine"),
+    "test-double": Backend(TestDoubleArgs, "actors.test_double:TestDoubleEngine"),
 }
 
 

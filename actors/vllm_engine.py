@@ -15,8 +15,11 @@ from pydantic import Field
 from actors.base import Completion, Engine, Generation, TargetArgs, scores_table, to_generation
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, Callable, Sequence
+
     import pyarrow as pa
 
+    from actors.perf import Chunk, EngineStats, PerfResult, Scenario
     from fleet.plan import Shard
     from fleet.prompts import Prompt
 
@@ -36,7 +39,7 @@ class VllmArgs(TargetArgs):
     max_model_len: int | None = Field(None, ge=16, description="Context length; the model's own when unset.")
     enforce_eager: bool = Field(True, description="Skip graph capture / torch.compile (graph mode: false).")
     engine_args: dict[str, Any] = Field(
-        default_factory=dict, description="Passed to vllm.LLM as is (e.g. max_num_seqs, tensor_parallel_size)."
+        default_factory=dict, description="Passed to vllm.LLM as is (e.g. max_num_seqs, gpu_memory_utilization)."
     )
 
     def actor_env(self) -> dict[str, str]:
@@ -60,6 +63,8 @@ class VllmEngine(Engine):
             disable_log_stats=False,  # without it RequestOutput.metrics is None
             max_logprobs=max(20, self.sampling.logprobs),
             seed=self.sampling.seed,
+            # The actor holds all tp cards on one node; the engine spreads over them itself.
+            tensor_parallel_size=args.tensor_parallel_size,
             **extra,
             **args.engine_args,
         )
@@ -150,3 +155,174 @@ class VllmEngine(Engine):
         self.llm.llm_engine.engine_core.shutdown()
         del self.llm
         gc.collect()
+
+    def perf(self, scenario: Scenario, level: int, prompts: Sequence[str | Prompt] | None = None) -> PerfResult:
+        """Run one level of a perf scenario on this engine, streaming DELTA outputs (actors/perf.py).
+
+        `prompts` are the scenario's prompt set when it names one. The same in-process engine that
+        generates and scores runs the load: no second engine (PLATFORM.md: ~1.9 GB each).
+        """
+        import asyncio
+
+        from actors import perf
+
+        engine = self.llm.llm_engine
+        measured, warmup = perf.prompt_ids(scenario, self.llm.get_tokenizer(), prompts)
+        perf.check_fits(scenario, measured + warmup, engine.model_config.max_model_len)
+        bridge = _StepBridge(engine)
+        return bridge.run(
+            lambda stream: asyncio.run(
+                perf.measure_level(
+                    stream,
+                    scenario,
+                    level,
+                    prompts=measured,
+                    warmup=warmup,
+                    model=self.model.name,
+                    model_weights=self.model.weights,
+                    target=self.args.name,
+                )
+            )
+        )
+
+
+class _StepBridge:
+    """Streams an in-process `LLMEngine` to an asyncio load generator running in a helper thread.
+
+    The engine stays in the calling (actor) thread, stepping as vLLM's own `LLM.generate` does,
+    so it keeps its OpenMP thread setup and needs no locking; the load generator's event loop
+    runs beside it, free to send and stamp chunks while a step computes. vLLM's `AsyncLLM`
+    would give the same DELTA stream but always starts a second engine-core process.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        import queue
+
+        self.engine = engine
+        self.commands: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.outputs: dict[str, tuple[Any, Any]] = {}  # request id -> (event loop, asyncio.Queue)
+        self.ids = iter(range(1 << 62))
+        self.failed: BaseException | None = None
+
+    async def stream(self, prompt_token_ids: list[int], max_tokens: int) -> AsyncGenerator[Chunk, None]:
+        import asyncio
+
+        from actors.perf import Chunk
+
+        rid = f"perf-{next(self.ids)}"
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+        self.outputs[rid] = (asyncio.get_running_loop(), inbox)
+        if self.failed is not None:  # checked after registering: see _fail
+            raise self.failed
+        self.commands.put(("add", (rid, prompt_token_ids, max_tokens)))
+        finished = False
+        try:
+            while not finished:
+                out = await inbox.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                n = len(out.outputs[0].token_ids)
+                yield Chunk(n, _engine_stats(out) if finished else None)
+        finally:
+            self.outputs.pop(rid, None)
+            if not finished:
+                self.commands.put(("abort", rid))
+
+    def run(self, load: Callable[[Any], PerfResult]) -> PerfResult:
+        """Run `load(self.stream)` in a helper thread while this thread steps the engine."""
+        import threading
+
+        result: list[PerfResult] = []
+        error: list[BaseException] = []
+
+        def generator() -> None:
+            try:
+                result.append(load(self.stream))
+            except BaseException as e:  # noqa: BLE001  (re-raised in the engine's thread below)
+                error.append(e)
+            finally:
+                self.commands.put(("done", None))
+
+        thread = threading.Thread(target=generator, name="perf-load", daemon=True)
+        thread.start()
+        try:
+            self._serve()
+        except BaseException as e:
+            self._fail(e)
+            thread.join()
+            raise
+        thread.join()
+        self._drain()
+        if error:
+            raise error[0]
+        return result[0]
+
+    def _serve(self) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        engine, live = self.engine, set[str]()
+        done = False
+        while not (done and not live):
+            # Block only when the engine is idle; otherwise take what has arrived and step.
+            batch = [self.commands.get()] if not live and not done else []
+            while not self.commands.empty():
+                batch.append(self.commands.get_nowait())
+            for what, payload in batch:
+                if what == "done":
+                    done = True
+                    live -= self._abort(live)  # requests the load generator left behind
+                elif what == "abort":
+                    live -= self._abort({payload} & live)
+                else:
+                    rid, ids, max_tokens = payload
+                    params = SamplingParams(
+                        temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+                    )
+                    try:
+                        engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
+                        live.add(rid)
+                    except Exception as e:  # noqa: BLE001  (a rejected request fails alone)
+                        self._send(rid, e)
+            if live:
+                for out in engine.step():
+                    self._send(out.request_id, out)
+                    if out.finished:
+                        live.discard(out.request_id)
+
+    def _abort(self, rids: set[str]) -> set[str]:
+        if rids:
+            self.engine.abort_request(sorted(rids))
+        return rids
+
+    def _fail(self, error: BaseException) -> None:
+        # Set first, then notify: a stream registering meanwhile either is in the snapshot or sees it.
+        self.failed = error
+        for rid in list(self.outputs):
+            self._send(rid, error)
+
+    def _send(self, rid: str, item: Any) -> None:
+        if (target := self.outputs.get(rid)) is not None:
+            loop, inbox = target
+            loop.call_soon_threadsafe(inbox.put_nowait, item)
+
+    def _drain(self) -> None:
+        # Leave the engine as LLM.generate expects it: nothing queued, nothing running.
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+
+def _engine_stats(out: Any) -> EngineStats:
+    from actors.perf import EngineStats
+
+    m = out.metrics
+    if m is None:  # the engine was built with disable_log_stats=True
+        return EngineStats()
+    n = m.num_generation_tokens
+    return EngineStats(
+        queue_s=m.scheduled_ts - m.queued_ts,
+        ttft_s=m.first_token_ts - m.scheduled_ts,
+        tpot_s=(m.last_token_ts - m.first_token_ts) / (n - 1) if n > 1 else None,
+    )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Every table starts with these keys; together with `position` they identify a token row.
 _KEYS = [
@@ -132,9 +132,69 @@ def sync_readme(path: str = "README.md") -> None:
     text = readme.read_text()
     for name, declared in TABLES.items():
         block = re.compile(rf"(<!-- schema:{name} -->\n).*?(<!-- /schema -->)", re.S)
-        text = block.sub(lambda m, d=declared: m.group(1) + markdown(d) + "\n" + m.group(2), text)
+        text = block.sub(rf"\g<1>{markdown(declared)}\n\g<2>", text)
     readme.write_text(text)
 
 
 if __name__ == "__main__":
     sync_readme()
+
+
+# Performance tables (issue 4): one row per measured request, one per (scenario, level) run, one
+# per smoke check of a served target. Times are seconds; client-side ones on the load
+# generator's time.perf_counter, engine-side ones from vLLM's RequestStateStats (engine clock).
+_PERF_KEYS = [
+    *(f for f in _KEYS if f.name != "prompt_set"),
+    pa.field("scenario", pa.string(), nullable=False, metadata={"doc": "perf scenario name"}),
+    pa.field("level", pa.int32(), nullable=False, metadata={"doc": "concurrency: requests in flight at most"}),
+]
+
+PERF_REQUESTS = _schema(
+    "perf_requests",
+    [
+        *_PERF_KEYS,
+        pa.field("request_index", pa.int32(), nullable=False, metadata={"doc": "0-based, in scheduled order"}),
+        pa.field("scheduled_s", pa.float64(), metadata={"doc": "due, from level start (closed loop: a slot freed)"}),
+        pa.field("sent_s", pa.float64(), metadata={"doc": "when it was actually sent, from level start"}),
+        pa.field("queue_delay_s", pa.float64(), metadata={"doc": "sent_s - scheduled_s: load generator behind"}),
+        pa.field("ttft_s", pa.float64(), metadata={"doc": "send to first token (client)"}),
+        pa.field("tpot_s", pa.float64(), metadata={"doc": "(last - first token) / (n - 1) (client); null if <2"}),
+        pa.field("e2e_s", pa.float64(), metadata={"doc": "send to last token (client)"}),
+        pa.field("itl_s", pa.list_(pa.float64()), metadata={"doc": "n-1 inter-token gaps; a k-token chunk: k x gap/k"}),
+        pa.field("n_prompt_tokens", pa.int32(), metadata={"doc": "tokens sent"}),
+        pa.field("n_output_tokens", pa.int32(), metadata={"doc": "tokens received"}),
+        pa.field("n_chunks", pa.int32(), metadata={"doc": "stream chunks that carried tokens"}),
+        pa.field("engine_queue_s", pa.float64(), metadata={"doc": "engine: queued to scheduled"}),
+        pa.field("engine_ttft_s", pa.float64(), metadata={"doc": "engine: scheduled to first token"}),
+        pa.field("engine_tpot_s", pa.float64(), metadata={"doc": "engine: (last - first token) / (n - 1)"}),
+        pa.field("error", pa.string(), metadata={"doc": "why the request failed; null if it completed"}),
+    ],
+)
+
+PERF_LEVELS = _schema(
+    "perf_levels",
+    [
+        *_PERF_KEYS,
+        pa.field("request_rate", pa.float64(), metadata={"doc": "Poisson arrivals per second; null: closed loop"}),
+        pa.field("n_requests", pa.int32(), metadata={"doc": "measured requests (warm-up excluded)"}),
+        pa.field("n_errors", pa.int32(), metadata={"doc": "of which failed"}),
+        pa.field("started_at", pa.timestamp("us", tz="UTC"), metadata={"doc": "level start (wall clock)"}),
+        pa.field("wall_s", pa.float64(), metadata={"doc": "level start to the last request done"}),
+        pa.field("hostname", pa.string(), metadata={"doc": "node that ran the load generator"}),
+    ],
+)
+
+SMOKE = _schema(
+    "smoke",
+    [
+        *(f for f in _KEYS if f.name != "prompt_set"),
+        pa.field("check", pa.string(), nullable=False, metadata={"doc": "API route exercised"}),
+        pa.field("passed", pa.bool_(), nullable=False, metadata={"doc": "HTTP 200 with at least one token back"}),
+        pa.field("status", pa.int32(), metadata={"doc": "HTTP status; null if no response"}),
+        pa.field("latency_s", pa.float64(), metadata={"doc": "request to full response"}),
+        pa.field("response", pa.string(), metadata={"doc": "response body (truncated, secrets redacted)"}),
+        pa.field("error", pa.string(), metadata={"doc": "why it failed; null if it passed"}),
+    ],
+)
+
+PERF_TABLES: dict[str, pa.Schema] = {"perf_requests": PERF_REQUESTS, "perf_levels": PERF_LEVELS, "smoke": SMOKE}

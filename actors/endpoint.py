@@ -1,0 +1,66 @@
+"""The `endpoint` backend: an OpenAI-compatible server someone else runs, reached at `base_url`.
+
+Nothing is launched or stopped. The API key is read, inside the actor, from the environment
+variable the manifest names (`api_key_env`): the manifest, run.json and the results hold only
+that name, and actors/openai_client.py redacts the key from every text it returns. Set the
+variable in the nodes' environment, not in the target's `env`, which run.json records.
+Generation and perf work with any server that speaks the completions API with vLLM's
+`return_tokens_as_token_ids`; scoring (being the reference) also needs `prompt_logprobs`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import Field
+
+from actors.base import TargetArgs
+from actors.openai_client import OpenAIEngine
+
+
+class EndpointArgs(TargetArgs):
+    """An existing OpenAI-compatible server."""
+
+    kind: Literal["endpoint"] = "endpoint"
+    base_url: str = Field(
+        # No user:password@ in the URL: the manifest is recorded in run.json; keys go in api_key_env.
+        pattern=r"^https?://[^/@]+(/[^@]*)?$",
+        description="API root including /v1, e.g. http://host:8000/v1 (no credentials in it).",
+    )
+    api_key_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Name of the environment variable holding the key."
+    )
+    served_model: str | None = Field(None, description="The API's model name; the first it lists when unset.")
+    send_token_ids: bool = Field(
+        False, description="Send prompts as locally tokenized ids (servers without vLLM's return_token_ids)."
+    )
+    request_timeout_s: float = Field(600, gt=0, description="Longest silence on one request before it fails.")
+    max_concurrency: int = Field(64, ge=1, description="Requests in flight at once for generate and score.")
+
+
+class EndpointEngine(OpenAIEngine):
+    def __init__(self, args: EndpointArgs, *rest: Any, **kw: Any) -> None:
+        super().__init__(args, *rest, **kw)
+        self.args: EndpointArgs = args
+        self.request_timeout_s, self.max_concurrency = args.request_timeout_s, args.max_concurrency
+        self.send_token_ids = args.send_token_ids
+        key = None
+        if args.api_key_env is not None:
+            key = os.environ.get(args.api_key_env)
+            if not key:
+                msg = f"target {args.name!r}: environment variable {args.api_key_env} (api_key_env) is not set"
+                raise RuntimeError(msg)
+        self.connect(args.base_url, api_key=key, served_model=args.served_model)
+
+    def describe(self) -> dict[str, str]:
+        """The server's identity; not this client's library versions, which say nothing about it."""
+        import platform
+        import socket
+
+        keys = ("base_url", "served_model", "server_version")
+        served = {k: v for k, v in super().describe().items() if k in keys}
+        return served | {"client_hostname": socket.gethostname(), "python": platform.python_version()}
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the server is not ours."""

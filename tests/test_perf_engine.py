@@ -1,0 +1,110 @@
+"""VllmEngine.perf on a real vLLM CPU engine: one engine for the module, built in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncGenerator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.perf import Chunk, Scenario
+
+pytestmark = pytest.mark.engine
+
+SYNTHETIC = {"seed": 7, "hidden_size": 128, "intermediate_size": 256, "num_layers": 2, "num_heads": 4}
+
+
+@pytest.fixture(scope="module")
+def engine(fleet_cache: Path) -> Iterator[Any]:
+    from actors.base import ResolvedModel
+    from actors.vllm_engine import CPU_ENV, VllmArgs, VllmEngine
+    from fleet.manifest import ModelSpec, Sampling
+    from fleet.sources import SyntheticSource
+
+    spec = ModelSpec(name="tiny", source=SyntheticSource(**SYNTHETIC, num_kv_heads=2, init_std=0.1))
+    args = VllmArgs(name="vllm-fp32", dtype="float32", max_model_len=256)
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in CPU_ENV.items():
+            mp.setenv(key, value)
+        path = spec.source.local_dir()
+        eng = VllmEngine(args, ResolvedModel(spec, path, "test", None), sampling=Sampling(max_tokens=8))
+        try:
+            yield eng
+        finally:
+            eng.shutdown()
+
+
+def scenario(**kw: Any) -> Scenario:
+    base = {"name": "s", "concurrency": [1, 4], "input_tokens": 24, "output_tokens": 12, "num_requests": 8}
+    return Scenario(**(base | {"warmup_requests": 2} | kw))
+
+
+def generate(engine: Any) -> list[list[int]]:
+    from fleet.plan import Shard
+    from fleet.prompts import Prompt
+
+    shard = Shard("tiny", "vllm-fp32", "p", 0, (Prompt(id="a", prompt="The capital of France is"),))
+    return [r["output_token_ids"] for r in engine.generate(shard).requests.to_pylist()]
+
+
+def test_levels_give_exact_token_counts_and_engine_figures(engine: Any) -> None:
+    before = generate(engine)
+    sc = scenario()
+    for level in sc.concurrency:
+        result = engine.perf(sc, level)
+        rows = result.requests.to_pylist()
+        assert len(rows) == 8 and all(r["error"] is None for r in rows)
+        for r in rows:
+            assert (r["n_prompt_tokens"], r["n_output_tokens"]) == (24, 12)  # ignore_eos: exactly 12
+            assert len(r["itl_s"]) == 11
+            assert sum(r["itl_s"]) == pytest.approx(r["tpot_s"] * 11)
+            assert r["e2e_s"] >= r["ttft_s"] > 0
+            assert r["engine_ttft_s"] > 0 and r["engine_tpot_s"] > 0 and r["engine_queue_s"] >= 0
+            # The engine's interval (scheduled to first token) lies within the client's.
+            assert r["ttft_s"] >= r["engine_ttft_s"] - 1e-3
+        spans = sorted((r["sent_s"], r["sent_s"] + r["e2e_s"]) for r in rows)
+        overlapping = any(b[0] < a[1] for a, b in itertools.pairwise(spans))
+        assert overlapping == (level > 1)
+        [lv] = result.level.to_pylist()
+        assert (lv["model"], lv["target"], lv["level"], lv["n_requests"]) == ("tiny", "vllm-fp32", level, 8)
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+    assert generate(engine) == before  # perf left the engine as generate expects it
+
+
+def test_prompt_set_with_chat_prompts_and_open_loop(engine: Any) -> None:
+    from fleet.prompts import Message, Prompt
+
+    prompts = [
+        Prompt(id="t", prompt="Two plus two equals"),
+        Prompt(id="c", messages=[Message(role="user", content="hi")]),
+    ]
+    sc = scenario(input_tokens=None, prompt_set="p", num_requests=4, request_rate=200.0, concurrency=[2])
+    rows = engine.perf(sc, 2, prompts).requests.to_pylist()
+    tok = engine.llm.get_tokenizer()
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    lengths = [len(tok("Two plus two equals").input_ids), len(tok(chat, add_special_tokens=False).input_ids)]
+    assert [r["n_prompt_tokens"] for r in rows] == lengths * 2
+    scheduled = [r["scheduled_s"] for r in rows]
+    assert scheduled == sorted(scheduled) and scheduled[0] > 0  # Poisson arrivals, not all at once
+
+
+def test_too_long_for_the_context_fails_before_sending(engine: Any) -> None:
+    with pytest.raises(ValueError, match="max_model_len 256"):
+        engine.perf(scenario(input_tokens=250), 1)
+
+
+def test_a_stream_left_early_is_aborted_in_the_engine(engine: Any) -> None:
+    from actors.vllm_engine import _StepBridge
+
+    async def first_chunk_only(stream: Any) -> Any:
+        gen: AsyncGenerator[Chunk, None] = stream([0, 5, 6, 7], 50)
+        async with contextlib.aclosing(gen):
+            return await anext(gen)
+
+    chunk = _StepBridge(engine.llm.llm_engine).run(lambda stream: asyncio.run(first_chunk_only(stream)))
+    assert chunk.n_tokens >= 1
+    assert not engine.llm.llm_engine.has_unfinished_requests()

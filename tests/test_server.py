@@ -1,0 +1,205 @@
+"""`vllm-server` and `endpoint` targets against a real vLLM OpenAI server on 127.0.0.1.
+
+One server for the module, hosted the way the scheduler hosts every target: a Card actor on the
+session's local Ray. An `endpoint` target then runs a whole manifest against it with a sentinel
+key, and nothing written (results, run.json, logs) may contain that key.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+SENTINEL = f"sk-fleet-sentinel-{secrets.token_hex(8)}"
+# Ray workers inherit the environment of the session's first ray.init, which runs after test
+# collection: setting the key at import is the only way an endpoint actor can read it without
+# putting it in the manifest (which run.json records).
+os.environ["FLEET_TEST_ENDPOINT_KEY"] = SENTINEL
+MODEL = {
+    "name": "tiny-llama",
+    "source": {"kind": "synthetic", "family": "llama", "seed": 7, "hidden_size": 128, "intermediate_size": 256}
+    | {"num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "init_std": 0.1},
+}
+PROMPTS = ["The capital of France is", "Quantum computing is", "Two plus two equals", "Write a short poem about"]
+
+
+def server_args(**kw: Any) -> Any:
+    from actors.vllm_server import VllmServerArgs
+
+    return VllmServerArgs(**({"name": "srv-fp32", "dtype": "float32", "max_model_len": 256} | kw))
+
+
+def start(ray: Any, args: Any) -> Any:
+    """A Card actor hosting the target, as fleet/scheduler.py starts one (but holding no CPU slot)."""
+    from actors.card import Card
+    from fleet.manifest import ModelSpec, Sampling
+    from fleet.scheduler import BASE_ENV
+
+    runtime_env = {"env_vars": BASE_ENV | args.actor_env()}
+    card = ray.remote(Card).options(num_cpus=0, runtime_env=runtime_env)
+    return card.remote(args, ModelSpec.model_validate(MODEL), Sampling(max_tokens=12, logprobs=5))
+
+
+def engine_call(ray: Any, card: Any, fn: Any) -> Any:
+    return ray.get(card.__ray_call__.remote(lambda self: fn(self.engine)), timeout=300)
+
+
+def processes_with(marker: str, group: int | None = None) -> list[int]:
+    """Live (non-zombie) processes whose command line contains `marker` (in process group `group`)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state, _, pgrp = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue
+        if marker in cmdline and state != "Z" and group in (None, int(pgrp)):
+            pids.append(int(proc.name))
+    return sorted(pids)
+
+
+@pytest.fixture(scope="module")
+def server(local_ray: Any) -> Iterator[tuple[Any, dict[str, str]]]:
+    card = start(local_ray, server_args(api_key_env="FLEET_TEST_ENDPOINT_KEY"))
+    info = local_ray.get(card.describe.remote(), timeout=600)
+    yield card, info
+    local_ray.kill(card)
+
+
+def test_smoke_checks_pass_on_both_routes(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
+    rows = engine_call(local_ray, server[0], lambda e: e.smoke()).to_pylist()
+    assert [(r["check"], r["passed"], r["status"]) for r in rows] == [
+        ("completions", True, 200),
+        ("chat/completions", True, 200),
+    ]
+    assert all('"choices"' in r["response"] and r["error"] is None for r in rows)
+
+
+def test_generate_and_score_through_the_server(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
+    from transformers import AutoTokenizer
+
+    from fleet.plan import Shard
+    from fleet.prompts import Message, Prompt
+
+    card, info = server
+    prompts = (Prompt(id="t", prompt=PROMPTS[0]), Prompt(id="c", messages=[Message(role="user", content="hi")]))
+    gen = local_ray.get(card.generate.remote(Shard("tiny-llama", "srv-fp32", "p", 0, prompts)), timeout=120)
+    requests, tokens = gen.requests.to_pylist(), gen.tokens.to_pylist()
+    tok = AutoTokenizer.from_pretrained(info["model_dir"])
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert requests[0]["prompt_token_ids"] == tok(PROMPTS[0]).input_ids  # what the server used, as HF encodes it
+    assert requests[1]["prompt_token_ids"] == tok(chat, add_special_tokens=False).input_ids
+    assert all(r["queue_s"] is not None and r["ttft_s"] > 0 and r["e2e_s"] >= r["ttft_s"] for r in requests)
+    assert len(tokens) == sum(r["n_output_tokens"] for r in requests)
+    assert all(t["rank"] == 1 and t["topk_ids"][0] == t["token_id"] and len(t["topk_ids"]) == 5 for t in tokens)
+    scores = local_ray.get(card.score.remote(gen.requests, k=5), timeout=120).to_pylist()
+    assert [(s["prompt_id"], s["position"]) for s in scores] == [(t["prompt_id"], t["position"]) for t in tokens]
+    for s, t in zip(scores, tokens, strict=True):  # teacher forcing on its own greedy output
+        assert s["ref_rank"] == 1 and s["ref_topk_ids"] == t["topk_ids"]
+        assert abs(s["ref_logprob"] - t["logprob"]) < 1e-4
+
+
+def test_perf_over_streaming_http(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
+    from actors.perf import Scenario
+
+    sc = Scenario(name="sse", concurrency=[3], input_tokens=20, output_tokens=10, num_requests=6, warmup_requests=2)
+    result = engine_call(local_ray, server[0], lambda e: e.perf(sc, 3))
+    rows = result.requests.to_pylist()
+    assert len(rows) == 6 and all(r["error"] is None for r in rows)
+    for r in rows:
+        assert (r["n_prompt_tokens"], r["n_output_tokens"], len(r["itl_s"])) == (20, 10, 9)
+        assert 1 <= r["n_chunks"] <= 10  # the server may merge tokens into one SSE event
+        assert r["engine_ttft_s"] > 0 and r["engine_tpot_s"] > 0 and r["engine_queue_s"] >= 0
+        assert sum(r["itl_s"]) == pytest.approx(r["tpot_s"] * 9)
+    assert result.level.to_pylist()[0]["n_requests"] == 6
+
+
+def test_endpoint_target_matches_the_reference_and_never_writes_its_key(
+    server: tuple[Any, dict[str, str]], tmp_path: Path
+) -> None:
+    from fleet import analysis, driver
+
+    manifest = tmp_path / "endpoint.yaml"
+    manifest.write_text(
+        textwrap.dedent(
+            f"""
+            models: [{MODEL}]
+            prompts:
+              four: {[{"id": f"p{i}", "prompt": p} for i, p in enumerate(PROMPTS)]}
+            targets:
+              - {{name: hf-fp32, kind: hf, device: cpu, dtype: float32}}
+              - {{name: served, kind: endpoint, base_url: "{server[1]["base_url"]}",
+                  api_key_env: FLEET_TEST_ENDPOINT_KEY, served_model: tiny-llama}}
+            reference: hf-fp32
+            sampling: {{max_tokens: 12, logprobs: 5}}
+            """
+        )
+    )
+    run_dir, outcome = driver.run(manifest, results_dir=tmp_path / "results", run_id="ep", progress=False)
+    assert not outcome.failures, outcome.failures
+    t = analysis.load(run_dir)
+    [row] = analysis.parity(t["requests"], t["tokens"], "hf-fp32").to_dicts()
+    assert row["n_prompts"] == 4 and row["tf_top1_agreement"] == 1.0 and row["tf_max_abs_logprob_diff"] < 1e-4
+    # Everything written or logged: results, run.json, the Ray session's logs, the server's log.
+    import ray
+
+    session = Path(ray._private.worker._global_node.get_session_dir_path())
+    files = [*tmp_path.rglob("*"), *session.rglob("*"), Path(server[1]["server_log"])]
+    leaked = [f for f in files if f.is_file() and SENTINEL.encode() in f.read_bytes()]
+    assert leaked == []
+    assert "base_url" in (run_dir / "run.json").read_text()  # the provenance is there, the key is not
+
+
+def test_shutdown_stops_the_whole_server(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
+    from actors.vllm_server import _members
+
+    card, info = server
+    group = int(info["server_pgid"])
+    assert len(_members(group)) >= 3  # supervisor, API server, engine core
+    local_ray.get(card.shutdown.remote(), timeout=120)
+    assert _members(group) == set()
+
+
+def test_a_killed_actor_takes_its_server_along(local_ray: Any) -> None:
+    from actors.vllm_server import _free_port, _members
+
+    port = _free_port("127.0.0.1")
+    card = start(local_ray, server_args(name="doomed", port=port, stop_timeout_s=5))
+    deadline = time.monotonic() + 120
+    group = None
+    while time.monotonic() < deadline and not (group and processes_with("EngineCore", group)):
+        group = next((os.getpgid(pid) for pid in processes_with(f"--port {port}")), None)
+        time.sleep(0.2)
+    assert group and processes_with("EngineCore", group), "the engine core never started"
+    local_ray.kill(card)  # no shutdown, no atexit: only the kernel and Ray act now
+    deadline = time.monotonic() + 60
+    while _members(group) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _members(group) == set()
+
+
+def test_failed_starts_say_why_and_leave_nothing(fleet_cache: Path) -> None:
+    from actors.base import ResolvedModel
+    from actors.vllm_server import VllmServerEngine, _free_port
+    from fleet.manifest import ModelSpec, Sampling
+
+    spec = ModelSpec.model_validate(MODEL)
+    model = ResolvedModel(spec, spec.source.local_dir(), "w", None)
+    port = _free_port("127.0.0.1")
+    with pytest.raises(RuntimeError, match=r"not ready after 1 s\n--- last \d+ lines of .*vllm-server-late"):
+        VllmServerEngine(server_args(name="late", port=port, startup_timeout_s=1), model, sampling=Sampling())
+    assert processes_with(f"--port {port}") == []
+    broken = ResolvedModel(spec, fleet_cache / "no-such-model", "w", None)
+    with pytest.raises(RuntimeError, match="exited before it was ready") as failed:
+        VllmServerEngine(server_args(name="broken"), broken, sampling=Sampling())
+    assert "no-such-model" in str(failed.value)  # the log tail shows vLLM's own complaint
+    assert "vLLM server exited with code 1" in str(failed.value)
