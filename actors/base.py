@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +29,10 @@ class Strict(BaseModel):
 class TargetArgs(Strict):
     """Fields every target has; a backend's args model adds its own and a `kind` literal."""
 
+    # What the backend's engine can do beyond generate/score (the scheduler asks only for these).
+    perf_capable: ClassVar[bool] = False  # runs the manifest's perf scenarios: engine.perf()
+    smoke_capable: ClassVar[bool] = False  # has API routes to smoke-test: engine.smoke()
+
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Target name, used in result paths.")
     kind: str = Field(description="Backend key; see the registry in actors/base.py.")
     device: Device = Field("cpu", description="cpu, cuda (one GPU per actor) or npu (one Ascend card per actor).")
@@ -39,6 +43,9 @@ class TargetArgs(Strict):
         default_factory=dict, description="Extra Ray resources the actor needs, e.g. {'accelerator_type:910B': 0.001}."
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the actor process.")
+    parity: bool = Field(
+        True, description="Run the parity prompts here (false: a perf-only target, e.g. dummy weights)."
+    )
 
     def actor_env(self) -> dict[str, str]:
         """Environment the actor process starts with (backends add their defaults)."""

@@ -16,8 +16,10 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from actors.base import Generation, TargetArgs
+    from actors.perf import PerfResult, Scenario
     from fleet.manifest import ModelSpec, Sampling
     from fleet.plan import Shard
+    from fleet.prompts import Prompt
 
 
 class Card:
@@ -54,6 +56,12 @@ class Card:
             "source": m.spec.source.model_dump_json(),
             "revision": m.revision or "",
         }
+
+    def perf(self, scenario: Scenario, level: int, prompts: list[Prompt] | None) -> PerfResult:
+        return self.engine.perf(scenario, level, prompts)  # type: ignore[attr-defined]
+
+    def smoke(self) -> pa.Table:
+        return self.engine.smoke()  # type: ignore[attr-defined]
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -11,7 +11,7 @@ Generation and perf work with any server that speaks the completions API with vL
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -21,6 +21,9 @@ from actors.openai_client import OpenAIEngine
 
 class EndpointArgs(TargetArgs):
     """An existing OpenAI-compatible server."""
+
+    perf_capable: ClassVar[bool] = True
+    smoke_capable: ClassVar[bool] = True
 
     kind: Literal["endpoint"] = "endpoint"
     base_url: str = Field(

@@ -43,6 +43,9 @@ class Scenario(Strict):
         None, gt=0, description="Poisson arrivals per second, capped by the level; unset: closed loop."
     )
     seed: int = Field(0, description="Seed for synthetic prompts and arrival times.")
+    targets: list[str] | None = Field(
+        None, min_length=1, description="Targets to run it on (default: every target whose kind can run perf)."
+    )
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> Scenario:

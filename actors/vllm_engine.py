@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from actors.base import Completion, Engine, Generation, TargetArgs, scores_table, to_generation
 
@@ -35,6 +35,8 @@ CPU_ENV = {
 class VllmArgs(TargetArgs):
     """A vLLM offline-engine target."""
 
+    perf_capable: ClassVar[bool] = True
+
     kind: Literal["vllm"] = "vllm"
     max_model_len: int | None = Field(None, ge=16, description="Context length; the model's own when unset.")
     enforce_eager: bool = Field(True, description="Skip graph capture / torch.compile (graph mode: false).")
@@ -44,6 +46,13 @@ class VllmArgs(TargetArgs):
 
     def actor_env(self) -> dict[str, str]:
         return (CPU_ENV if self.device == "cpu" else {}) | self.env
+
+    @model_validator(mode="after")
+    def _dummy_is_perf_only(self) -> VllmArgs:
+        if self.engine_args.get("load_format") == "dummy" and self.parity:
+            msg = "load_format: dummy gives meaningless logprobs: set parity: false (a perf-only target)"
+            raise ValueError(msg)
+        return self
 
 
 class VllmEngine(Engine):

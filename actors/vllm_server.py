@@ -23,7 +23,7 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -34,6 +34,9 @@ from actors.vllm_engine import CPU_ENV
 
 class VllmServerArgs(TargetArgs):
     """vLLM's OpenAI-compatible server, launched and stopped by the target's actor."""
+
+    perf_capable: ClassVar[bool] = True
+    smoke_capable: ClassVar[bool] = True
 
     kind: Literal["vllm-server"] = "vllm-server"
     max_model_len: int | None = Field(None, ge=16, description="Context length; the model's own when unset.")

@@ -54,7 +54,7 @@ def load(run_dir: str | Path) -> dict[str, pl.LazyFrame]:
     run_dir is a local directory or a URI such as s3://bucket/prefix/run_id (fleet.store.locate)."""
     fs, root = store.locate(run_dir)
     frames: dict[str, pl.LazyFrame] = {}
-    for name, arrow_schema in schema.TABLES.items():
+    for name, arrow_schema in schema.all_tables().items():
         files = store.parquet_files(fs, f"{root}/{name}")
         # Refuse files written under another schema version rather than misread a column.
         with ThreadPoolExecutor(8) as pool:  # one footer each: a round trip per file on S3

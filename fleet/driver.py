@@ -20,7 +20,7 @@ from typing import Any
 from fleet import manifest as manifest_mod
 from fleet.errors import UserError
 from fleet.placement import check_fits
-from fleet.plan import Shard, plan
+from fleet.plan import PerfRun, Shard, plan, plan_perf
 from fleet.scheduler import Outcome, execute
 from fleet.store import RUN_JSON, RunStore, join, now
 
@@ -94,7 +94,7 @@ def run(
         _check_cluster(manifest, cluster, manifest_path)
         with _storage(run_dir):  # e.g. no such bucket: nothing was written
             store = RunStore.create(run_dir, info)
-        outcome = _execute(manifest, plan(manifest), store, cluster, progress=progress)
+        outcome = _execute(manifest, plan(manifest), plan_perf(manifest), store, cluster, progress=progress)
     return run_dir, outcome
 
 
@@ -110,12 +110,13 @@ def resume(
             msg = f"{run_dir}: not a run directory (no {RUN_JSON})"
             raise UserError(msg) from None
     manifest = manifest_mod.Manifest.model_validate(info["manifest_resolved"])
-    done = store.completed_shards()
+    done, perf_done = store.completed_shards(), store.completed_perf()
     todo = [s for s in plan(manifest) if s.shard_id not in done]
+    perf_todo = [p for p in plan_perf(manifest) if p.run_id not in perf_done]
     with _ray(ray_address, verbose=verbose) as cluster:
         _check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
         store.update_info(status="running", resumed_at=[*info.get("resumed_at", []), now()])
-        outcome = _execute(manifest, todo, store, cluster, progress=progress, before=info)
+        outcome = _execute(manifest, todo, perf_todo, store, cluster, progress=progress, before=info)
     return run_dir, outcome
 
 
@@ -153,20 +154,22 @@ def _check_cluster(manifest: manifest_mod.Manifest, cluster: dict[str, float], w
 def _execute(
     manifest: manifest_mod.Manifest,
     shards: list[Shard],
+    perf: list[PerfRun],
     store: RunStore,
     cluster: dict[str, float],
     *,
     progress: bool,
     before: dict[str, Any] | None = None,
 ) -> Outcome:
-    """Dispatch `shards`, then record in run.json how it ended (also when interrupted)."""
+    """Dispatch shards and perf levels, then record in run.json how it ended (also when interrupted)."""
     from tqdm import tqdm
 
     before = before or {}
     status, outcome = "interrupted", Outcome()
     try:
-        with tqdm(total=len(shards), unit="shard", desc="shards", disable=not progress, file=sys.stderr) as bar:
-            outcome = execute(manifest, shards, store, bar, cluster=cluster)
+        total = len(shards) + len(perf)
+        with tqdm(total=total, unit="shard", desc="shards+perf", disable=not progress, file=sys.stderr) as bar:
+            outcome = execute(manifest, shards, perf, store, bar, cluster=cluster)
         status = "partial" if outcome.partial else "complete"
     finally:
         store.update_info(

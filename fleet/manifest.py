@@ -14,6 +14,7 @@ from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_
 
 from actors import BACKENDS
 from actors.base import DType, Strict, TargetArgs
+from actors.perf import Scenario
 from fleet.errors import ManifestError
 from fleet.gates import Gate
 from fleet.prompts import Prompt, expand
@@ -75,6 +76,9 @@ class Manifest(Strict):
     reference: str = Field(description="Name of the target the others are compared with.")
     sampling: Sampling = Field(default_factory=Sampling, description="Decoding settings, shared by all targets.")
     run: RunOptions = Field(default_factory=RunOptions, description="How the work is cut and dispatched.")
+    perf: list[Scenario] = Field(
+        default_factory=list, description="Performance scenarios, run on every perf-capable target (actors/perf.py)."
+    )
     gates: list[Gate] = Field(
         default_factory=list, description="Pass/fail thresholds per model x candidate target (fleet/gates.py)."
     )
@@ -108,6 +112,22 @@ class Manifest(Strict):
             if dupes:
                 msg = f"{field}: duplicate names: {', '.join(dupes)}"
                 raise ValueError(msg)
+        names = [s.name for s in self.perf]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            msg = f"perf: duplicate scenario names: {', '.join(dupes)}"
+            raise ValueError(msg)
+        targets = {t.name: t for t in self.targets}
+        for i, scenario in enumerate(self.perf):
+            if scenario.prompt_set is not None and scenario.prompt_set not in self.prompts:
+                msg = f"perf[{i}].prompt_set: no prompt set {scenario.prompt_set!r}; sets: {', '.join(self.prompts)}"
+                raise ValueError(msg)
+            for name in scenario.targets or ():
+                if name not in targets or not targets[name].perf_capable:
+                    msg = f"perf[{i}].targets: {name!r} is not a target of a kind that runs perf scenarios"
+                    raise ValueError(msg)
+        if self.reference in targets and not targets[self.reference].parity:
+            msg = f"reference {self.reference!r} has parity: false; the reference must run the parity prompts"
+            raise ValueError(msg)
         for i, gate in enumerate(self.gates):
             for field, known in (
                 ("models", {m.name for m in self.models}),

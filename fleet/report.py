@@ -71,6 +71,32 @@ ACCURACY_COLUMNS = {
 }
 
 
+SCENARIO_COLUMNS = {
+    "model": "model",
+    "target": "target",
+    "scenario": "scenario",
+    "level": "concurrency",
+    "n_completed": "done",
+    "n_errors": "errors",
+    "qps": "QPS",
+    "output_tok_s": "out tok/s",
+    "total_tok_s": "total tok/s",
+    "prefill_tok_s": "prefill tok/s",
+    "ttft_p50_s": "TTFT p50 s",
+    "ttft_p90_s": "TTFT p90 s",
+    "ttft_p99_s": "TTFT p99 s",
+    "tpot_p50_s": "TPOT p50 s",
+    "tpot_p99_s": "TPOT p99 s",
+    "itl_p50_s": "ITL p50 s",
+    "itl_p99_s": "ITL p99 s",
+    "e2e_p50_s": "E2E p50 s",
+    "e2e_p90_s": "E2E p90 s",
+    "e2e_p99_s": "E2E p99 s",
+    "queue_delay_max_s": "send lag max s",
+}
+SMOKE_COLUMNS = {"model": "model", "target": "target", "check": "check", "passed": "passed", "status": "HTTP"}
+
+
 def read_info(run_dir: str | Path) -> dict[str, Any]:
     """run.json of a local run directory or of a URI (s3://bucket/prefix/run_id)."""
     try:
@@ -161,7 +187,18 @@ def render(run_dir: str | Path, *, gates: list[Gate] | None = None) -> Summary:
     if accuracy.height:
         out += ["", "## Task accuracy (prompts with an expected answer)", _table(accuracy, ACCURACY_COLUMNS)]
     perf = analysis.throughput(requests, tables["shards"])
-    out += ["", "## Throughput and latency per target (engine-side timestamps)", _table(perf, PERF_COLUMNS)]
+    out += [
+        "",
+        "## Throughput and latency per target (parity runs, engine-side timestamps)",
+        _table(perf, PERF_COLUMNS),
+    ]
+    if tables["perf_levels"].height:
+        from fleet import perf as perf_mod
+
+        scenarios = perf_mod.summary(tables["perf_requests"], tables["perf_levels"])
+        out += ["", "## Performance scenarios (client-side timestamps, streaming)", _table(scenarios, SCENARIO_COLUMNS)]
+    if tables["smoke"].height:
+        out += ["", "## Smoke checks", _table(tables["smoke"], SMOKE_COLUMNS)]
     gates = gate_mod.from_info(info) if gates is None else gates
     passed = None
     if gates:

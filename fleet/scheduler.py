@@ -20,7 +20,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from fleet import schema
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from actors.base import Generation, TargetArgs
     from fleet.manifest import Manifest, ModelSpec
-    from fleet.plan import Shard
+    from fleet.plan import PerfRun, Shard
     from fleet.store import RunStore
 
 # Environment every actor gets: no phoning home, from vLLM or Ray.
@@ -55,11 +55,12 @@ class Outcome:
         return bool(self.failures or self.failed_shards)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Work:
-    what: str  # "describe" | "generate" | "score"
+    what: str  # "describe" | "smoke" | "generate" | "score" | "perf"
     shard: Shard | None = None
     gen: Generation | None = None  # for "score": the candidate's rows
+    perf: PerfRun | None = None
     attempt: int = 1
 
 
@@ -73,6 +74,13 @@ class Slot:
         self.handle: Any = None
         self.pg: Any = None
         self.alive = False  # describe succeeded on the current actor
+        self.smoked = False  # smoke checks run once per target, on its first actor
+        self.perf_todo: list[Work] = []  # perf levels, queued once the parity work is done
+
+    @property
+    def exclusive_next(self) -> bool:
+        """The next call is a perf level on CPU: timings are only honest with the cores to itself."""
+        return bool(self.queue) and _runs_alone(self.queue[0], self)
 
     def launch(self) -> None:
         import ray
@@ -90,6 +98,8 @@ class Slot:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg)
         self.handle = ray.remote(Card).options(**options).remote(self.target, self.model, self.manifest.sampling)
         self.alive = False
+        if self.target.smoke_capable and not self.smoked:
+            self.queue.appendleft(Work("smoke"))
         self.queue.appendleft(Work("describe"))
 
     def submit(self) -> Any | None:
@@ -102,6 +112,13 @@ class Slot:
             call, timeout = self.handle.describe.remote(), run.start_timeout_s
         elif work.what == "generate":
             call, timeout = self.handle.generate.remote(work.shard), run.shard_timeout_s
+        elif work.what == "smoke":
+            call, timeout = self.handle.smoke.remote(), run.shard_timeout_s
+        elif work.what == "perf":
+            assert work.perf is not None
+            scenario = work.perf.scenario
+            prompts = self.manifest.prompts[scenario.prompt_set] if scenario.prompt_set else None
+            call, timeout = self.handle.perf.remote(scenario, work.perf.level, prompts), run.shard_timeout_s
         else:
             assert work.gen is not None
             call = self.handle.score.remote(work.gen.requests, k=self.manifest.sampling.logprobs)
@@ -127,18 +144,28 @@ class Slot:
 class ModelRun:
     """One model: its slots, the shards still to generate, and scoring by the reference."""
 
-    def __init__(self, model: ModelSpec, shards: list[Shard], manifest: Manifest, *, reservation: dict[str, float]):
+    def __init__(
+        self,
+        model: ModelSpec,
+        shards: list[Shard],
+        perf: list[PerfRun],
+        manifest: Manifest,
+        *,
+        reservation: dict[str, float],
+    ) -> None:
         self.model, self.manifest, self.reservation = model, manifest, reservation
         self.ref = manifest.reference
         self.slots = {t.name: Slot(t, model, manifest) for t in manifest.targets}
         for shard in shards:
             self.slots[shard.target].queue.append(Work("generate", shard))
-        # Targets with nothing to do (all shards done, e.g. on resume) never start.
-        self.waiting = deque(n for n, s in self.slots.items() if s.queue and n != self.ref)
+        for level in perf:
+            self.slots[level.target].perf_todo.append(Work("perf", perf=level))
+        # Targets with nothing to do (all done, e.g. on resume) never start.
+        self.waiting = deque(n for n, s in self.slots.items() if (s.queue or s.perf_todo) and n != self.ref)
         self.running: set[str] = set()
 
     def start(self) -> None:
-        if any(s.queue for s in self.slots.values()):
+        if any(s.queue or s.perf_todo for s in self.slots.values()):
             self._launch(self.ref)
         self._start_candidates()
 
@@ -169,24 +196,42 @@ class ModelRun:
 
 
 def execute(
-    manifest: Manifest, shards: list[Shard], store: RunStore, bar: tqdm[Any], *, cluster: dict[str, float]
+    manifest: Manifest,
+    shards: list[Shard],
+    perf: list[PerfRun],
+    store: RunStore,
+    bar: tqdm[Any],
+    *,
+    cluster: dict[str, float],
 ) -> Outcome:
-    """Run every shard (retrying faults) and write what they produce; returns what failed."""
-    return _Loop(manifest, shards, store, bar, cluster).run()
+    """Run every shard and perf level (retrying faults), write what they produce; returns what failed."""
+    return _Loop(manifest, shards, perf, store, bar, cluster).run()
 
 
 class _Loop:
     def __init__(
-        self, manifest: Manifest, shards: list[Shard], store: RunStore, bar: tqdm[Any], cluster: dict[str, float]
+        self,
+        manifest: Manifest,
+        shards: list[Shard],
+        perf: list[PerfRun],
+        store: RunStore,
+        bar: tqdm[Any],
+        cluster: dict[str, float],
     ) -> None:
         self.manifest, self.store, self.bar, self.outcome = manifest, store, bar, Outcome()
         reservation = footprint(manifest, cluster)
         self.reservation = reservation
         self.free = dict(cluster)
         self.waiting = deque(
-            ModelRun(m, [s for s in shards if s.model == m.name], manifest, reservation=reservation)
+            ModelRun(
+                m,
+                [s for s in shards if s.model == m.name],
+                [p for p in perf if p.model == m.name],
+                manifest,
+                reservation=reservation,
+            )
             for m in manifest.models
-            if any(s.model == m.name for s in shards)
+            if any(s.model == m.name for s in shards) or any(p.model == m.name for p in perf)
         )
         self.active: list[ModelRun] = []
         self.calls: dict[Any, tuple[ModelRun, str]] = {}
@@ -197,10 +242,7 @@ class _Loop:
         try:
             while self.waiting or self.active:
                 self._admit()
-                for run in self.active:
-                    for name, slot in run.slots.items():
-                        if (call := slot.submit()) is not None:
-                            self.calls[call] = (run, name)
+                self._submit()
                 if not self.calls:  # nothing in flight: every active model must have finished
                     self._retire()
                     if self.active:
@@ -220,6 +262,23 @@ class _Loop:
                 for slot in run.slots.values():
                     slot.stop()
         return self.outcome
+
+    def _submit(self) -> None:
+        """Send each idle actor its next call, except around a CPU perf level, which runs alone:
+        while one waits, nothing new starts; once the calls in flight drain, it runs by itself."""
+        slots = [(run, name, slot) for run in self.active for name, slot in run.slots.items() if slot.handle]
+        if any(s.current is not None and _runs_alone(s.current[1], s) for *_, s in slots):
+            return
+        held = any(s.current is None and s.exclusive_next for *_, s in slots)
+        for run, name, slot in slots:
+            if slot.current is not None or not slot.queue or (held and not slot.exclusive_next):
+                continue
+            if slot.exclusive_next and self.calls:
+                continue
+            if (call := slot.submit()) is not None:
+                self.calls[call] = (run, name)
+                if slot.current is not None and _runs_alone(slot.current[1], slot):
+                    return
 
     def _admit(self) -> None:
         while self.waiting and (not self.active or fits(self.reservation, self.free)):
@@ -264,6 +323,17 @@ class _Loop:
         if work.what == "describe":
             slot.alive = True
             self.outcome.provenance[key] = result
+        elif work.what == "smoke":
+            slot.smoked = True
+            self.store.write("smoke", f"{run.model.name}/{name}/smoke/00000", result)
+            failed = [row["check"] for row in result.to_pylist() if not row["passed"]]
+            if failed:
+                self.outcome.failures.setdefault(key, f"smoke checks failed: {', '.join(failed)}")
+        elif work.what == "perf":
+            assert work.perf is not None
+            self.store.write("perf_requests", work.perf.run_id, result.requests)
+            self.store.write("perf_levels", work.perf.run_id, result.level)
+            self.bar.update(1)
         elif work.what == "generate":
             assert work.shard is not None
             gen: Generation = result
@@ -280,11 +350,21 @@ class _Loop:
         self._maybe_release(run, name)
 
     def _maybe_release(self, run: ModelRun, name: str) -> None:
+        """Release a candidate once its parity work is done, the reference once all candidates'
+        scoring is done; each first runs its perf levels, so they never overlap its own parity work."""
         if name != run.ref and run.idle(name) and name in run.running:
-            run.release(name)
+            self._release_or_perf(run, name)
         candidates_done = all(run.idle(n) for n in run.running if n != run.ref) and not run.waiting
         if run.ref in run.running and run.idle(run.ref) and candidates_done:
-            run.release(run.ref)
+            self._release_or_perf(run, run.ref)
+
+    def _release_or_perf(self, run: ModelRun, name: str) -> None:
+        slot = run.slots[name]
+        if slot.perf_todo and slot.handle is not None:
+            slot.queue.extend(slot.perf_todo)
+            slot.perf_todo.clear()
+        else:
+            run.release(name)
 
     def _failed(self, run: ModelRun, name: str, work: Work, reason: str) -> None:
         slot, key = run.slots[name], f"{run.model.name}/{name}"
@@ -293,9 +373,10 @@ class _Loop:
             # target fails; its candidates' rows are written unscored if it was the reference.
             self.outcome.failures.setdefault(key, reason)
             self.bar.write(f"FAILED {key}: {reason}")
-            for w in [work, *slot.queue]:
-                self._abandon(run, w, f"target failed: {reason}")
+            for w in [work, *slot.queue, *slot.perf_todo]:
+                self._abandon(run, name, w, f"target failed: {reason}")
             slot.queue.clear()
+            slot.perf_todo.clear()
             run.release(name)
             for n in list(run.running):
                 self._maybe_release(run, n)
@@ -304,17 +385,22 @@ class _Loop:
         if work.attempt < self.manifest.run.max_attempts:
             self.outcome.retries += 1
             self.bar.write(f"retry {work.attempt + 1}/{self.manifest.run.max_attempts} {key} {work.what}: {reason}")
-            slot.queue.appendleft(Work(work.what, work.shard, work.gen, work.attempt + 1))
+            slot.queue.appendleft(replace(work, attempt=work.attempt + 1))
         else:
-            self._abandon(run, work, reason)
+            self._abandon(run, name, work, reason)
         if slot.queue:
             slot.launch()
         else:
             run.release(name)
         self._maybe_release(run, name)
 
-    def _abandon(self, run: ModelRun, work: Work, reason: str) -> None:
-        if work.what == "generate" and work.shard is not None:
+    def _abandon(self, run: ModelRun, name: str, work: Work, reason: str) -> None:
+        if work.what == "perf" and work.perf is not None:
+            self.outcome.failed_shards[work.perf.run_id] = reason
+            self.bar.update(1)
+        elif work.what == "smoke":
+            self.outcome.failures.setdefault(f"{run.model.name}/{name}", f"smoke checks: {reason}")
+        elif work.what == "generate" and work.shard is not None:
             self.outcome.failed_shards[work.shard.shard_id] = reason
             self.bar.update(1)
         elif work.what == "score" and work.gen is not None:
@@ -329,6 +415,10 @@ class _Loop:
         self.store.write("tokens", shard_id, tokens)
         self.store.write("shards", shard_id, gen.shard)
         self.bar.update(1)
+
+
+def _runs_alone(work: Work, slot: Slot) -> bool:
+    return work.what == "perf" and slot.target.device == "cpu"
 
 
 def _non_finite(tokens: pa.Table) -> bool:

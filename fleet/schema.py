@@ -94,6 +94,11 @@ SCORES = _schema(
 TABLES: dict[str, pa.Schema] = {"requests": REQUESTS, "tokens": TOKENS, "shards": SHARDS}
 
 
+def all_tables() -> dict[str, pa.Schema]:
+    """Every table a run directory may hold: parity (TABLES), perf, and probe tables."""
+    return TABLES | PERF_TABLES | globals().get("PROBE_TABLES", {})
+
+
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Order and cast `table`'s columns to `schema`, adding absent nullable columns as nulls."""
     columns = []
@@ -130,7 +135,7 @@ def sync_readme(path: str = "README.md") -> None:
 
     readme = Path(path)
     text = readme.read_text()
-    for name, declared in TABLES.items():
+    for name, declared in all_tables().items():
         block = re.compile(rf"(<!-- schema:{name} -->\n).*?(<!-- /schema -->)", re.S)
         text = block.sub(rf"\g<1>{markdown(declared)}\n\g<2>", text)
     readme.write_text(text)

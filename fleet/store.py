@@ -108,7 +108,7 @@ class RunStore:
     def write(self, table: str, shard_id: str, data: pa.Table) -> str | Path:
         """Write one shard's rows of `table`, conformed to its declared schema, under the
         weights it ran on: a model name reused for other weights lands in another directory."""
-        data = schema.conform(data, schema.TABLES[table])
+        data = schema.conform(data, schema.all_tables()[table])
         weights = data.column("model_weights")[0].as_py() if data.num_rows else "none"
         path = "/".join([self.root, *_layout(table, shard_id, weights)])
         if self.local:  # straight to the temp file: no in-memory copy of a big shard
@@ -128,6 +128,16 @@ class RunStore:
             return set()
         dataset = ds.dataset(files, filesystem=self.fs, format="parquet")  # files read in parallel
         return set(dataset.to_table(columns=["shard_id"]).column("shard_id").to_pylist())
+
+    def completed_perf(self) -> set[str]:
+        """Ids (model/target/scenario/level) of perf levels whose perf_levels row was written."""
+        files = parquet_files(self.fs, f"{self.root}/perf_levels")
+        if not files:
+            return set()
+        rows = ds.dataset(files, filesystem=self.fs, format="parquet").to_table(
+            columns=["model", "target", "scenario", "level"]
+        )
+        return {f"{r['model']}/{r['target']}/{r['scenario']}/{r['level']:05d}" for r in rows.to_pylist()}
 
     def info(self) -> dict[str, Any]:
         """run.json; FileNotFoundError if there is none."""

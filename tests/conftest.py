@@ -44,6 +44,8 @@ ENGINE_MANIFEST = textwrap.dedent(
     reference: hf-fp32
     sampling: {max_tokens: 32, logprobs: 5}
     run: {shard_size: 5}
+    perf:
+      - {name: short, concurrency: [1, 4], input_tokens: 32, output_tokens: 16, num_requests: 8, warmup_requests: 2}
     """
 ).replace("PROMPTS_HERE", "\n".join(f'    - {{id: p{i}, prompt: "{p}"}}' for i, p in enumerate(PROMPTS)))
 

@@ -106,6 +106,30 @@ def test_latencies_are_measured(engine_run: Path) -> None:
     assert (perf["output_tok_s"] > 0).all() and perf.height == 3
 
 
+def test_perf_scenarios_ran_alone_on_the_cores(engine_run: Path) -> None:
+    from fleet import perf
+
+    t = {name: frame.collect() for name, frame in analysis.load(engine_run).items()}
+    levels, requests = t["perf_levels"], t["perf_requests"]
+    # Both vLLM targets (HF has no perf path), each level once: 8 measured requests x 16 tokens.
+    assert sorted(levels.select("target", "level").rows()) == [
+        ("vllm-bf16", 1),
+        ("vllm-bf16", 4),
+        ("vllm-fp32", 1),
+        ("vllm-fp32", 4),
+    ]
+    assert requests.height == 4 * 8 and (requests["n_output_tokens"] == 16).all()
+    assert (requests["n_prompt_tokens"] == 32).all() and requests["error"].null_count() == 32
+    summary = perf.summary(requests, levels)
+    assert (summary["output_tok_s"] > 0).all() and (summary["qps"] > 0).all()
+    # On CPU a perf level has the cores to itself: no shard's generation overlaps it in time.
+    end = pl.col("started_at") + pl.duration(seconds=pl.col("wall_s"))
+    spans = lambda frame: frame.select(start="started_at", end=end).rows()  # noqa: E731
+    for p_start, p_end in spans(levels):
+        for s_start, s_end in spans(t["shards"]):
+            assert s_end <= p_start or s_start >= p_end, "a shard ran during a perf level"
+
+
 def test_run_json_records_manifest_and_provenance(engine_run: Path) -> None:
     info = json.loads((engine_run / "run.json").read_text())
     assert info["status"] == "complete" and info["finished_at"] and info["failures"] == {}
@@ -126,6 +150,7 @@ def test_report_recomputes_from_parquet_alone(engine_run: Path) -> None:
     assert "## Parity vs reference" in proc.stdout and "vllm-bf16" in proc.stdout
     assert "## Throughput and latency" in proc.stdout
     assert "## Full sequences" in proc.stdout and "## Task accuracy" in proc.stdout
+    assert "## Performance scenarios" in proc.stdout
 
 
 def test_no_engine_process_left_behind(engine_run: Path) -> None:
