@@ -17,6 +17,7 @@ from actors.base import Completion, DType, Engine, Generation, TargetArgs, score
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from actors.probes import Positions
     from fleet.plan import Shard
     from fleet.prompts import Prompt
 
@@ -170,6 +171,63 @@ class HFEngine(Engine):
                         }
                     )
         return scores_table(out)
+
+    def probe_logits(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions = "last") -> pa.Table:
+        """fleet.schema.PROBE_LOGITS: float32 log-softmax over the full vocabulary after the last
+        prompt token ("last") or after every prompt token ("all"), one forward pass per prompt.
+        Prompts are rendered as in generate (chat messages through the chat template)."""
+        from actors import probes
+
+        torch, out = self.torch, []
+        for prompt in prompts:
+            _, ids = self.render(prompt)
+            with torch.inference_mode():
+                # logits_to_keep=1: the last position only, not [n, vocab] of logits to throw away.
+                logits = self.net(
+                    input_ids=torch.tensor([ids], device=self.device), logits_to_keep=1 if positions == "last" else 0
+                ).logits[0]
+                logp = torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
+            out.append(probes.LogitsRows(prompt.id, ids, len(ids) - len(logp), logp))
+        return probes.logits_table(probes.keys(self.model, self.args.name, prompt_set), out)
+
+    def probe_layers(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions = "all") -> pa.Table:
+        """fleet.schema.PROBE_LAYERS: hidden states of every prompt position ("all") or the last one.
+
+        transformers' `hidden_states` holds L + 1 tensors: [0] the embeddings (input of layer 1),
+        [i] the output of decoder layer i, except that [L] is replaced by the final norm's output.
+        With the config's `tie_last_hidden_states` off for the call, [L] stays the last decoder
+        layer's output and `last_hidden_state` gives the norm's: rows are layer 0 (embed), 1..L
+        (decoder) and L + 1 (norm). A model whose code ignores that switch (hidden_states[L] is
+        the norm's output) has no row L.
+        """
+        from actors import probes
+
+        torch, decoder = self.torch, self.net.get_decoder()
+        config, absent = self.net.config, object()
+        saved = getattr(config, "tie_last_hidden_states", absent)
+        out = []
+        try:
+            config.tie_last_hidden_states = False
+            for prompt in prompts:
+                _, ids = self.render(prompt)
+                with torch.inference_mode():
+                    result = decoder(input_ids=torch.tensor([ids], device=self.device), output_hidden_states=True)
+                states, final = list(result.hidden_states), result.last_hidden_state
+                n_layers = len(states) - 1
+                layers = [(0, "embed")] + [(i, "decoder") for i in range(1, n_layers + 1)]
+                if torch.equal(states[-1], final):  # the switch was ignored: [L] is the norm's output
+                    states, layers = states[:-1], layers[:-1]
+                states.append(final)
+                layers.append((n_layers + 1, "norm"))
+                keep = slice(len(ids) - 1, len(ids)) if positions == "last" else slice(None)
+                hidden = [h[0, keep].float().cpu().numpy() for h in states]
+                out.append(probes.LayerRows(prompt.id, ids, list(range(len(ids)))[keep], layers, hidden))
+        finally:
+            if saved is absent:
+                del config.tie_last_hidden_states
+            else:
+                config.tie_last_hidden_states = saved
+        return probes.layers_table(probes.keys(self.model, self.args.name, prompt_set), out)
 
     def describe(self) -> dict[str, str]:
         from actors.provenance import describe

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from actors.perf import Chunk, EngineStats, PerfResult, Scenario
+    from actors.probes import Positions
     from fleet.plan import Shard
     from fleet.prompts import Prompt
 
@@ -77,6 +78,7 @@ class VllmEngine(Engine):
             **extra,
             **args.engine_args,
         )
+        self.tokenizer = self.llm.get_tokenizer()
         # The first request with logprobs pays one-off costs (~2 s); keep them out of the timings.
         self.llm.generate(["warm up"], self._params(max_tokens=2), use_tqdm=False)
 
@@ -85,7 +87,10 @@ class VllmEngine(Engine):
 
         s = self.sampling
         kw = {"temperature": s.temperature, "max_tokens": s.max_tokens, "logprobs": s.logprobs, "seed": s.seed}
-        return SamplingParams(**(kw | overrides))
+        # detokenize=False: vLLM would otherwise decode every top-k candidate of every step
+        # (Logprob.decoded_token, never read here), ~15 % of throughput; the output is decoded
+        # once per request below, the way the HF reference decodes it.
+        return SamplingParams(**(kw | {"detokenize": False} | overrides))
 
     def generate(self, shard: Shard) -> Generation:
         # Chat prompts go through LLM.chat so vLLM renders them its own way: a test checks that
@@ -112,10 +117,10 @@ class VllmEngine(Engine):
         m, n = out.metrics, len(ids)
         return Completion(
             prompt=prompt,
-            rendered=out.prompt if out.prompt is not None else self.llm.get_tokenizer().decode(out.prompt_token_ids),
+            rendered=out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids),
             prompt_token_ids=list(out.prompt_token_ids),
             output_token_ids=ids,
-            output_text=o.text,
+            output_text=self.tokenizer.decode(ids, skip_special_tokens=True),
             finish_reason=o.finish_reason or "length",
             logprobs=[e.logprob for e in chosen],
             ranks=[e.rank for e in chosen],
@@ -153,6 +158,53 @@ class VllmEngine(Engine):
                     }
                 )
         return scores_table(out)
+
+    def probe_logits(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions = "last") -> pa.Table:
+        """fleet.schema.PROBE_LOGITS from one engine call: `max_tokens=1, logprobs=-1` gives the full
+        distribution after the last prompt token; "all" adds `prompt_logprobs=-1`, whose entry
+        t + 1 is the distribution after prompt token t. Raw logprobs (before any sampling
+        processor), float32. Needs an engine built with `max_logprobs=-1`: that reserves nothing
+        (vLLM sizes logprob buffers per request, not at start-up), only these requests pay.
+        Text prompts go through LLM.generate and chat prompts through LLM.chat, as in generate."""
+        import numpy as np
+
+        from actors import probes
+
+        config = self.llm.llm_engine.model_config
+        if config.max_logprobs != -1:
+            msg = (
+                f"target {self.args.name!r}: the full-distribution probe needs a vLLM engine built with "
+                f"max_logprobs=-1 (this one has {config.max_logprobs})"
+            )
+            raise ValueError(msg)
+        vocab = config.get_vocab_size()
+        # flat_logprobs: a few flat lists instead of vocab_size Logprob objects per position;
+        # detokenize=False: no decoding of every vocabulary entry at every position.
+        params = self._params(
+            max_tokens=1,
+            temperature=0.0,
+            logprobs=-1,
+            prompt_logprobs=-1 if positions == "all" else None,
+            flat_logprobs=True,
+            detokenize=False,
+        )
+        text = [p for p in prompts if p.messages is None]
+        chat = [p for p in prompts if p.messages is not None]
+        outputs = self.llm.generate([p.prompt for p in text], params, use_tqdm=False) if text else []
+        if chat:
+            conversations = [[m.model_dump() for m in p.messages or []] for p in chat]
+            outputs += self.llm.chat(conversations, params, use_tqdm=False)
+        by_id = {}
+        for prompt, result in zip(text + chat, outputs, strict=True):
+            ids = list(result.prompt_token_ids)
+            last = probes.dense_logprobs(result.outputs[0].logprobs, 0, vocab)
+            if positions == "all":
+                before = [probes.dense_logprobs(result.prompt_logprobs, t + 1, vocab) for t in range(len(ids) - 1)]
+                rows = probes.LogitsRows(prompt.id, ids, 0, np.stack([*before, last]))
+            else:
+                rows = probes.LogitsRows(prompt.id, ids, len(ids) - 1, last[None, :])
+            by_id[prompt.id] = rows
+        return probes.logits_table(probes.keys(self.model, self.args.name, prompt_set), [by_id[p.id] for p in prompts])
 
     def describe(self) -> dict[str, str]:
         from actors.provenance import describe

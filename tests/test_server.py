@@ -203,3 +203,40 @@ def test_failed_starts_say_why_and_leave_nothing(fleet_cache: Path) -> None:
         VllmServerEngine(server_args(name="broken"), broken, sampling=Sampling())
     assert "no-such-model" in str(failed.value)  # the log tail shows vLLM's own complaint
     assert "vLLM server exited with code 1" in str(failed.value)
+
+
+def test_vllm_server_target_through_the_scheduler(local_ray: Any, tmp_path: Path) -> None:
+    """A whole run with a served target: smoke checks, parity over HTTP, a perf scenario over
+    streaming HTTP, and the server gone afterwards."""
+    from fleet import analysis, driver
+
+    manifest = tmp_path / "served.yaml"
+    manifest.write_text(
+        textwrap.dedent(
+            f"""
+            models: [{MODEL}]
+            prompts:
+              four: {[{"id": f"p{i}", "prompt": p} for i, p in enumerate(PROMPTS)]}
+            targets:
+              - {{name: hf-fp32, kind: hf, device: cpu, dtype: float32}}
+              - {{name: served, kind: vllm-server, device: cpu, dtype: float32, max_model_len: 256}}
+            reference: hf-fp32
+            sampling: {{max_tokens: 12, logprobs: 5}}
+            perf:
+              - {{name: s, concurrency: [2], input_tokens: 16, output_tokens: 8, num_requests: 4, warmup_requests: 1}}
+            """
+        )
+    )
+    run_dir, outcome = driver.run(manifest, results_dir=tmp_path / "results", run_id="srv", progress=False)
+    assert not outcome.partial, (outcome.failures, outcome.failed_shards)
+    t = {name: frame.collect() for name, frame in analysis.load(run_dir).items()}
+    assert sorted(t["smoke"]["check"].to_list()) == ["chat/completions", "completions"]
+    assert t["smoke"]["passed"].all()
+    [row] = analysis.parity(t["requests"], t["tokens"], "hf-fp32").to_dicts()
+    assert row["tf_top1_agreement"] == 1.0 and row["tf_max_abs_logprob_diff"] < 1e-4
+    assert t["perf_requests"].height == 4 and (t["perf_requests"]["n_output_tokens"] == 8).all()
+    for _ in range(50):
+        if not processes_with("vllm.entrypoints.openai.api_server"):
+            break
+        time.sleep(0.2)
+    assert processes_with("vllm.entrypoints.openai.api_server") == []
