@@ -60,6 +60,12 @@ class Card:
     def perf(self, scenario: Scenario, level: int, prompts: list[Prompt] | None) -> PerfResult:
         return self.engine.perf(scenario, level, prompts)  # type: ignore[attr-defined]
 
+    def probe(self, kind: str, prompts: list[Prompt], *, prompt_set: str, positions: str) -> pa.Table:
+        """The `kind` ("logits" | "layers") probe: engine.probe_logits / engine.probe_layers."""
+        method = getattr(self.engine, f"probe_{kind}")
+        table: pa.Table = method(prompts, prompt_set=prompt_set, positions=positions)
+        return table
+
     def smoke(self) -> pa.Table:
         return self.engine.smoke()  # type: ignore[attr-defined]
 

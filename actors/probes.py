@@ -52,10 +52,13 @@ def float_lists(arrays: list[np.ndarray]) -> pa.Array:
     import pyarrow as pa
 
     flat = [np.ascontiguousarray(a, dtype=np.float32).ravel() for a in arrays]
-    offsets = np.zeros(len(flat) + 1, dtype=np.int32)
+    offsets = np.zeros(len(flat) + 1, dtype=np.int64)
     np.cumsum([len(f) for f in flat], out=offsets[1:])
+    if offsets[-1] >= 2**31:  # list<> offsets are int32; a table this size is a shard too big anyway
+        msg = f"{offsets[-1]} floats in one probe table: use fewer prompts per shard or positions='last'"
+        raise ValueError(msg)
     values = np.concatenate(flat) if flat else np.zeros(0, np.float32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=pa.float32()))
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), pa.array(values, type=pa.float32()))
 
 
 def logits_table(key: dict[str, str], prompts: list[LogitsRows]) -> pa.Table:

@@ -71,12 +71,10 @@ class VllmEngine(Engine):
             dtype=self.dtype,
             enforce_eager=args.enforce_eager,
             disable_log_stats=False,  # without it RequestOutput.metrics is None
-            max_logprobs=max(20, self.sampling.logprobs),
             seed=self.sampling.seed,
             # The actor holds all tp cards on one node; the engine spreads over them itself.
             tensor_parallel_size=args.tensor_parallel_size,
-            **extra,
-            **args.engine_args,
+            **({"max_logprobs": max(20, self.sampling.logprobs)} | extra | args.engine_args),
         )
         self.tokenizer = self.llm.get_tokenizer()
         # The first request with logprobs pays one-off costs (~2 s); keep them out of the timings.

@@ -94,7 +94,9 @@ def run(
         _check_cluster(manifest, cluster, manifest_path)
         with _storage(run_dir):  # e.g. no such bucket: nothing was written
             store = RunStore.create(run_dir, info)
-        outcome = _execute(manifest, plan(manifest), plan_perf(manifest), store, cluster, progress=progress)
+        outcome = _execute(
+            manifest, plan(manifest), plan_perf(manifest), _probes(manifest), store, cluster, progress=progress
+        )
     return run_dir, outcome
 
 
@@ -113,10 +115,11 @@ def resume(
     done, perf_done = store.completed_shards(), store.completed_perf()
     todo = [s for s in plan(manifest) if s.shard_id not in done]
     perf_todo = [p for p in plan_perf(manifest) if p.run_id not in perf_done]
+    probes_todo = [p for p in _probes(manifest) if p not in store.completed_probes()]
     with _ray(ray_address, verbose=verbose) as cluster:
         _check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
         store.update_info(status="running", resumed_at=[*info.get("resumed_at", []), now()])
-        outcome = _execute(manifest, todo, perf_todo, store, cluster, progress=progress, before=info)
+        outcome = _execute(manifest, todo, perf_todo, probes_todo, store, cluster, progress=progress, before=info)
     return run_dir, outcome
 
 
@@ -141,6 +144,13 @@ def _ray(address: str | None, *, verbose: bool) -> Iterator[dict[str, float]]:
             ray.shutdown()
 
 
+def _probes(manifest: manifest_mod.Manifest) -> list[str]:
+    """Every probe to run, as "model/target/kind"."""
+    return [
+        f"{m.name}/{t}/{kind}" for m in manifest.models for kind in ("logits", "layers") for t in manifest.probed(kind)
+    ]
+
+
 def _check_cluster(manifest: manifest_mod.Manifest, cluster: dict[str, float], where: str | Path) -> None:
     import ray
 
@@ -155,6 +165,7 @@ def _execute(
     manifest: manifest_mod.Manifest,
     shards: list[Shard],
     perf: list[PerfRun],
+    probes: list[str],
     store: RunStore,
     cluster: dict[str, float],
     *,
@@ -169,7 +180,7 @@ def _execute(
     try:
         total = len(shards) + len(perf)
         with tqdm(total=total, unit="shard", desc="shards+perf", disable=not progress, file=sys.stderr) as bar:
-            outcome = execute(manifest, shards, perf, store, bar, cluster=cluster)
+            outcome = execute(manifest, shards, perf, store, bar, cluster=cluster, probes=probes)
         status = "partial" if outcome.partial else "complete"
     finally:
         store.update_info(

@@ -7,7 +7,7 @@ so the CLI can print one line and exit 2 without a traceback and without writing
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
@@ -17,6 +17,7 @@ from actors.base import DType, Strict, TargetArgs
 from actors.perf import Scenario
 from fleet.errors import ManifestError
 from fleet.gates import Gate
+from fleet.matrix import expand_targets
 from fleet.prompts import Prompt, expand
 from fleet.sources import GgufSource, ModelSource, PathSource
 
@@ -48,6 +49,27 @@ class RunOptions(Strict):
     max_attempts: int = Field(3, ge=1, description="Tries per shard before it is recorded as failed.")
 
 
+class Probe(Strict):
+    """An opt-in probe on one prompt set (it costs more than sampled-token logprobs)."""
+
+    prompt_set: str = Field(description="Prompt set to probe (keep it short: full vectors are stored).")
+    positions: Literal["last", "all"] = Field("last", description="The last prompt position, or every one.")
+    targets: list[str] | None = Field(None, min_length=1, description="Targets to probe (default: all that can).")
+
+
+class Probes(Strict):
+    logits: Probe | None = Field(None, description="Full-vocabulary log-probabilities (hf and vllm targets).")
+    layers: Probe | None = Field(None, description="Hidden states after every layer (hf targets, hf reference).")
+
+
+class Variant(Strict):
+    base: str = Field(description="The target whose matrix made this variant.")
+    settings: dict[str, Any] = Field(description="The matrix values of this variant.")
+
+
+PROBE_KINDS = {"logits": ("hf", "vllm"), "layers": ("hf",)}
+
+
 def _target_union() -> Any:
     kinds = tuple(backend.args for backend in BACKENDS.values())
     return Annotated[kinds[0] if len(kinds) == 1 else _union(kinds), Field(discriminator="kind")]
@@ -76,12 +98,28 @@ class Manifest(Strict):
     reference: str = Field(description="Name of the target the others are compared with.")
     sampling: Sampling = Field(default_factory=Sampling, description="Decoding settings, shared by all targets.")
     run: RunOptions = Field(default_factory=RunOptions, description="How the work is cut and dispatched.")
+    probes: Probes = Field(default_factory=Probes, description="Deep parity probes, opt-in.")
+    variants: dict[str, Variant] = Field(
+        default_factory=dict, description="Filled from targets' `matrix:` (variant name -> base and settings)."
+    )
     perf: list[Scenario] = Field(
         default_factory=list, description="Performance scenarios, run on every perf-capable target (actors/perf.py)."
     )
     gates: list[Gate] = Field(
         default_factory=list, description="Pass/fail thresholds per model x candidate target (fleet/gates.py)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_matrix(cls, data: Any) -> Any:
+        """A target with `matrix: {key: [values]}` becomes one target per combination."""
+        if not isinstance(data, dict) or not isinstance(data.get("targets"), list):
+            return data
+        if not any(isinstance(t, dict) and "matrix" in t for t in data["targets"]):
+            return data
+        expansion = expand_targets(data["targets"])
+        variants = {n: {"base": b, "settings": expansion.settings[n]} for n, b in expansion.variants_of.items()}
+        return data | {"targets": expansion.targets, "variants": variants}
 
     @field_validator("prompts", mode="before")
     @classmethod
@@ -128,6 +166,7 @@ class Manifest(Strict):
         if self.reference in targets and not targets[self.reference].parity:
             msg = f"reference {self.reference!r} has parity: false; the reference must run the parity prompts"
             raise ValueError(msg)
+        self._check_probes(targets)
         for i, gate in enumerate(self.gates):
             for field, known in (
                 ("models", {m.name for m in self.models}),
@@ -143,6 +182,33 @@ class Manifest(Strict):
             )
             raise ValueError(msg)
         return self
+
+    def _check_probes(self, targets: dict[str, TargetArgs]) -> None:
+        for kind, probe in (("logits", self.probes.logits), ("layers", self.probes.layers)):
+            if probe is None:
+                continue
+            where = f"probes.{kind}"
+            if probe.prompt_set not in self.prompts:
+                msg = f"{where}.prompt_set: no prompt set {probe.prompt_set!r}; sets: {', '.join(self.prompts)}"
+                raise ValueError(msg)
+            able = PROBE_KINDS[kind]
+            if targets[self.reference].kind not in able:
+                msg = f"{where}: the reference {self.reference!r} is a {targets[self.reference].kind!r} target; "
+                msg += f"this probe runs on {', '.join(able)} targets"
+                raise ValueError(msg)
+            for name in probe.targets or ():
+                if name not in targets or targets[name].kind not in able:
+                    msg = f"{where}.targets: {name!r} is not a {' or '.join(able)} target"
+                    raise ValueError(msg)
+
+    def probed(self, kind: str) -> list[str]:
+        """Targets the `kind` probe runs on: those named (plus the reference), else all able ones."""
+        probe = getattr(self.probes, kind)
+        if probe is None:
+            return []
+        able = [t.name for t in self.targets if t.kind in PROBE_KINDS[kind]]
+        named = set(probe.targets or able) | {self.reference}
+        return [n for n in able if n in named]
 
     def target(self, name: str) -> TargetArgs:
         return next(t for t in self.targets if t.name == name)
@@ -167,7 +233,19 @@ def load(path: str | Path) -> Manifest:
         manifest = TypeAdapter(Manifest).validate_python(raw, context={"base_dir": base_dir})
     except ValidationError as e:
         raise ManifestError(_format(path, raw, e)) from None
-    return _resolve_paths(manifest, base_dir, path)
+    return _full_vocab_for_probes(_resolve_paths(manifest, base_dir, path))
+
+
+def _full_vocab_for_probes(manifest: Manifest) -> Manifest:
+    """vLLM targets under the logits probe need the engine built with max_logprobs=-1."""
+    probed = set(manifest.probed("logits"))
+    targets = [
+        t.model_copy(update={"engine_args": t.engine_args | {"max_logprobs": -1}})  # type: ignore[attr-defined]
+        if t.name in probed and t.kind == "vllm"
+        else t
+        for t in manifest.targets
+    ]
+    return manifest.model_copy(update={"targets": targets})
 
 
 def _resolve_paths(manifest: Manifest, base_dir: Path, path: Path) -> Manifest:

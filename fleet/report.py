@@ -94,6 +94,29 @@ SCENARIO_COLUMNS = {
     "e2e_p99_s": "E2E p99 s",
     "queue_delay_max_s": "send lag max s",
 }
+LOGITS_COLUMNS = {
+    "model": "model",
+    "target": "candidate",
+    "n_positions": "positions",
+    "logits_cosine_min": "cosine min",
+    "logits_nmse_max": "NMSE max",
+    "logits_max_abs_err": "max |dlogp|",
+    "logits_kl_max": "KL max",
+    "logits_kl_mean": "KL mean",
+    "logits_top1_agreement": "top-1",
+    "logits_top5_agreement": "top-5 set",
+}
+LAYER_COLUMNS = {
+    "model": "model",
+    "target": "candidate",
+    "layer": "layer",
+    "kind": "kind",
+    "rel_l2": "rel L2",
+    "cosine": "cosine",
+    "cosine_min": "cosine min",
+    "within_0p1pct": "within 0.1%",
+    "within_0p5pct": "within 0.5%",
+}
 SMOKE_COLUMNS = {"model": "model", "target": "target", "check": "check", "passed": "passed", "status": "HTTP"}
 
 
@@ -199,8 +222,10 @@ def render(run_dir: str | Path, *, gates: list[Gate] | None = None) -> Summary:
         out += ["", "## Performance scenarios (client-side timestamps, streaming)", _table(scenarios, SCENARIO_COLUMNS)]
     if tables["smoke"].height:
         out += ["", "## Smoke checks", _table(tables["smoke"], SMOKE_COLUMNS)]
+    extra = [accuracy.select("model", "target", task_accuracy_delta="delta_points")]
+    out += _probe_sections(tables, reference, extra)
     gates = gate_mod.from_info(info) if gates is None else gates
-    passed = None
+    passed, verdicts = None, None
     if gates:
         verdicts = gate_mod.evaluate(
             gates,
@@ -209,11 +234,81 @@ def render(run_dir: str | Path, *, gates: list[Gate] | None = None) -> Summary:
             run_dir=run_dir,
             reference=reference,
             expected=gate_mod.expected_pairs(info),
-            extra=[accuracy.select("model", "target", task_accuracy_delta="delta_points")],
+            extra=extra,
         )
         passed = gate_mod.passed(verdicts)
+    variants = (info.get("manifest_resolved") or {}).get("variants") or {}
+    if variants:
+        out += _matrix_section(info, requests, perf, verdicts, variants)
+    if verdicts is not None:
         out += ["", f"## Gates: {'PASS' if passed else 'FAIL'}", gate_mod.render(verdicts)]
     return Summary("\n".join(out), info.get("status") == "complete", passed)
+
+
+def _probe_sections(tables: dict[str, pl.DataFrame], reference: str, extra: list[pl.DataFrame]) -> list[str]:
+    """The deep probes' tables (when the run has them); their summaries feed the gates."""
+    from fleet import probes
+
+    out: list[str] = []
+    if tables["logits"].height:
+        summary = probes.logits_summary(probes.logits_errors(tables["logits"], reference))
+        extra.append(summary)
+        out += ["", "## Full-distribution probe (full vocabulary, vs reference)", _table(summary, LOGITS_COLUMNS)]
+    if tables["layers"].height:
+        curve = probes.layer_curve(probes.layer_errors(tables["layers"], reference))
+        extra.append(probes.layer_summary(curve))
+        out += ["", "## Layer-wise probe (error growth across depth, vs reference)", _table(curve, LAYER_COLUMNS)]
+    return out
+
+
+def _matrix_section(
+    info: dict[str, Any],
+    requests: pl.DataFrame,
+    perf: pl.DataFrame,
+    verdicts: pl.DataFrame | None,
+    variants: dict[str, dict[str, Any]],
+) -> list[str]:
+    """The feature matrix: per variant, did it start, did it pass its gates, its throughput; and
+    greedy self-consistency between variants that differ in one setting."""
+    from fleet import matrix
+
+    failures = info.get("failures") or {}
+    rows = []
+    for model in sorted({k.split("/")[0] for k in info.get("provenance") or {}} | set(requests["model"].unique())):
+        for name, variant in variants.items():
+            key = f"{model}/{name}"
+            mine = (
+                verdicts.filter((pl.col("model") == model) & (pl.col("target") == name))
+                if verdicts is not None
+                else None
+            )
+            tok_s = perf.filter((pl.col("model") == model) & (pl.col("target") == name))["output_tok_s"]
+            rows.append(
+                {
+                    "model": model,
+                    "variant": name,
+                    "settings": ", ".join(f"{k}={v}" for k, v in variant["settings"].items()),
+                    "started": key in (info.get("provenance") or {}) and key not in failures,
+                    "gates": "n/a"
+                    if mine is None or not mine.height
+                    else ("PASS" if gate_mod.passed(mine) else "FAIL"),
+                    "out tok/s": tok_s[0] if tok_s.len() else None,
+                    "failure": failures.get(key),
+                }
+            )
+    consistency = matrix.self_consistency(
+        requests,
+        {n: v["base"] for n, v in variants.items()},
+        settings={n: v["settings"] for n, v in variants.items()},
+    )
+    return [
+        "",
+        "## Feature matrix",
+        _table(pl.DataFrame(rows), {c: c for c in rows[0]} if rows else {}),
+        "",
+        "Greedy self-consistency between variants differing in one setting (must be identical):",
+        _table(consistency, {c: c for c in consistency.columns}),
+    ]
 
 
 def _g(value: float | None, *, scale: float = 1.0) -> str:

@@ -20,6 +20,7 @@ import contextlib
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +58,7 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Work:
-    what: str  # "describe" | "smoke" | "generate" | "score" | "perf"
+    what: str  # "describe" | "smoke" | "generate" | "score" | "perf" | "logits" | "layers" (probes)
     shard: Shard | None = None
     gen: Generation | None = None  # for "score": the candidate's rows
     perf: PerfRun | None = None
@@ -114,6 +115,13 @@ class Slot:
             call, timeout = self.handle.generate.remote(work.shard), run.shard_timeout_s
         elif work.what == "smoke":
             call, timeout = self.handle.smoke.remote(), run.shard_timeout_s
+        elif work.what in ("logits", "layers"):
+            probe = getattr(self.manifest.probes, work.what)
+            probe_prompts = self.manifest.prompts[probe.prompt_set]
+            call = self.handle.probe.remote(
+                work.what, probe_prompts, prompt_set=probe.prompt_set, positions=probe.positions
+            )
+            timeout = run.shard_timeout_s
         elif work.what == "perf":
             assert work.perf is not None
             scenario = work.perf.scenario
@@ -149,6 +157,7 @@ class ModelRun:
         model: ModelSpec,
         shards: list[Shard],
         perf: list[PerfRun],
+        probes: list[str],
         manifest: Manifest,
         *,
         reservation: dict[str, float],
@@ -158,6 +167,9 @@ class ModelRun:
         self.slots = {t.name: Slot(t, model, manifest) for t in manifest.targets}
         for shard in shards:
             self.slots[shard.target].queue.append(Work("generate", shard))
+        for probe_id in probes:  # "model/target/kind"
+            _, target, kind = probe_id.split("/")
+            self.slots[target].queue.append(Work(kind))
         for level in perf:
             self.slots[level.target].perf_todo.append(Work("perf", perf=level))
         # Targets with nothing to do (all done, e.g. on resume) never start.
@@ -203,9 +215,11 @@ def execute(
     bar: tqdm[Any],
     *,
     cluster: dict[str, float],
+    probes: Sequence[str] = (),
 ) -> Outcome:
-    """Run every shard and perf level (retrying faults), write what they produce; returns what failed."""
-    return _Loop(manifest, shards, perf, store, bar, cluster).run()
+    """Run every shard, probe ("model/target/kind") and perf level (retrying faults), write what
+    they produce; returns what failed."""
+    return _Loop(manifest, shards, perf, list(probes), store, bar, cluster).run()
 
 
 class _Loop:
@@ -214,6 +228,7 @@ class _Loop:
         manifest: Manifest,
         shards: list[Shard],
         perf: list[PerfRun],
+        probes: list[str],
         store: RunStore,
         bar: tqdm[Any],
         cluster: dict[str, float],
@@ -227,11 +242,14 @@ class _Loop:
                 m,
                 [s for s in shards if s.model == m.name],
                 [p for p in perf if p.model == m.name],
+                [p for p in probes if p.startswith(f"{m.name}/")],
                 manifest,
                 reservation=reservation,
             )
             for m in manifest.models
-            if any(s.model == m.name for s in shards) or any(p.model == m.name for p in perf)
+            if any(s.model == m.name for s in shards)
+            or any(p.model == m.name for p in perf)
+            or any(p.startswith(f"{m.name}/") for p in probes)
         )
         self.active: list[ModelRun] = []
         self.calls: dict[Any, tuple[ModelRun, str]] = {}
@@ -329,6 +347,9 @@ class _Loop:
             failed = [row["check"] for row in result.to_pylist() if not row["passed"]]
             if failed:
                 self.outcome.failures.setdefault(key, f"smoke checks failed: {', '.join(failed)}")
+        elif work.what in ("logits", "layers"):
+            probe = getattr(self.manifest.probes, work.what)
+            self.store.write(work.what, f"{run.model.name}/{name}/{probe.prompt_set}/probe", result)
         elif work.what == "perf":
             assert work.perf is not None
             self.store.write("perf_requests", work.perf.run_id, result.requests)
@@ -400,6 +421,8 @@ class _Loop:
             self.bar.update(1)
         elif work.what == "smoke":
             self.outcome.failures.setdefault(f"{run.model.name}/{name}", f"smoke checks: {reason}")
+        elif work.what in ("logits", "layers"):
+            self.outcome.failed_shards[f"{run.model.name}/{name}/probe-{work.what}"] = reason
         elif work.what == "generate" and work.shard is not None:
             self.outcome.failed_shards[work.shard.shard_id] = reason
             self.bar.update(1)

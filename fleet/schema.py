@@ -141,10 +141,6 @@ def sync_readme(path: str = "README.md") -> None:
     readme.write_text(text)
 
 
-if __name__ == "__main__":
-    sync_readme()
-
-
 # Performance tables (issue 4): one row per measured request, one per (scenario, level) run, one
 # per smoke check of a served target. Times are seconds; client-side ones on the load
 # generator's time.perf_counter, engine-side ones from vLLM's RequestStateStats (engine clock).
@@ -203,3 +199,63 @@ SMOKE = _schema(
 )
 
 PERF_TABLES: dict[str, pa.Schema] = {"perf_requests": PERF_REQUESTS, "perf_levels": PERF_LEVELS, "smoke": SMOKE}
+
+
+# Probe tables (issue 6), opt-in per manifest: full-vocabulary logprobs (the Qwen2.5 report's
+# logits comparison) and hidden states after every layer (the Llama-3.2 report's layer-wise
+# comparison). The float vectors are one list<float32> per row, never one row per element;
+# analysis in fleet/probes.py. Stored under these names: gates.METRICS points at "logits"/"layers".
+_PROMPT_IDS = pa.field(
+    "prompt_token_ids", pa.list_(pa.int32()), metadata={"doc": "the prompt as this engine tokenized it"}
+)
+
+PROBE_LOGITS = _schema(
+    "logits",
+    [
+        *_KEYS,
+        pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+        pa.field(
+            "position",
+            pa.int32(),
+            nullable=False,
+            metadata={"doc": "0-based prompt position whose next-token distribution this is (last: n - 1)"},
+        ),
+        pa.field("n_prompt_tokens", pa.int32(), metadata={"doc": "tokens in the prompt"}),
+        _PROMPT_IDS,
+        pa.field(
+            "logprobs",
+            pa.list_(pa.float32()),
+            metadata={"doc": "log-softmax over the full vocabulary (nats), computed in float32; index = token id"},
+        ),
+    ],
+)
+
+PROBE_LAYERS = _schema(
+    "layers",
+    [
+        *_KEYS,
+        pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+        pa.field(
+            "layer",
+            pa.int32(),
+            nullable=False,
+            metadata={"doc": "0 = embeddings, i = output of decoder layer i (1-based), L + 1 = after the final norm"},
+        ),
+        pa.field("kind", pa.string(), metadata={"doc": "'embed', 'decoder' or 'norm'"}),
+        pa.field("n_positions", pa.int32(), metadata={"doc": "prompt positions stored (rows of `hidden`)"}),
+        pa.field("hidden_size", pa.int32(), metadata={"doc": "model width (columns of `hidden`)"}),
+        pa.field("positions", pa.list_(pa.int32()), metadata={"doc": "which prompt positions, in row order"}),
+        _PROMPT_IDS,
+        pa.field(
+            "hidden",
+            pa.list_(pa.float32()),
+            metadata={"doc": "hidden states [n_positions x hidden_size], row-major, as float32 (bf16 exactly)"},
+        ),
+    ],
+)
+
+PROBE_TABLES: dict[str, pa.Schema] = {"logits": PROBE_LOGITS, "layers": PROBE_LAYERS}
+
+
+if __name__ == "__main__":
+    sync_readme()

@@ -139,6 +139,16 @@ class RunStore:
         )
         return {f"{r['model']}/{r['target']}/{r['scenario']}/{r['level']:05d}" for r in rows.to_pylist()}
 
+    def completed_probes(self) -> set[str]:
+        """Ids (model/target/kind) of probes whose table was written."""
+        done = set()
+        for kind in ("logits", "layers"):
+            files = parquet_files(self.fs, f"{self.root}/{kind}")
+            if files:
+                rows = ds.dataset(files, filesystem=self.fs, format="parquet").to_table(columns=["model", "target"])
+                done |= {f"{r['model']}/{r['target']}/{kind}" for r in rows.to_pylist()}
+        return done
+
     def info(self) -> dict[str, Any]:
         """run.json; FileNotFoundError if there is none."""
         with self.fs.open_input_stream(f"{self.root}/{RUN_JSON}") as f:
