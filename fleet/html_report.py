@@ -22,7 +22,8 @@ import polars as pl
 
 from fleet import analysis, svg
 from fleet.gates import Gate, evaluate, expected_pairs, from_info
-from fleet.report import FIRST_STEP_COLUMNS, PARITY_COLUMNS, PERF_COLUMNS, read_info
+from fleet.perf import summary as perf_summary
+from fleet.report import FIRST_STEP_COLUMNS, PARITY_COLUMNS, PERF_COLUMNS, Measured, read_info
 
 # fmt: off
 ARCH_KEYS = [
@@ -69,9 +70,22 @@ def gather(
     t = {name: frame.collect() for name, frame in analysis.load(run_dir).items()}
     parity, perf = analysis.parity(t["requests"], t["tokens"], ref), analysis.throughput(t["requests"], t["shards"])
     gates = from_info(info) if gates is None else gates
+    measured = Measured.of(t, ref)
+    layers = measured.layer_curve if layers is None else layers
+    if concurrency is None and t["perf_levels"].height:
+        levels = perf_summary(t["perf_requests"], t["perf_levels"])
+        concurrency = levels.select("model", "target", concurrency="level", output_tok_s="output_tok_s")
     verdicts = None
     if gates:
-        verdicts = evaluate(gates, parity, perf, run_dir=run_dir, reference=ref, expected=expected_pairs(info))
+        verdicts = evaluate(
+            gates,
+            parity,
+            perf,
+            run_dir=run_dir,
+            reference=ref,
+            expected=expected_pairs(info),
+            extra=measured.gate_frames(),
+        )
     first, seqs = analysis.first_step(t["tokens"], ref), analysis.sequences(t["requests"], ref)
     return Run(run_dir, info, t, parity, first, seqs, perf, verdicts, layers, concurrency)
 

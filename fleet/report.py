@@ -206,9 +206,9 @@ def render(run_dir: str | Path, *, gates: list[Gate] | None = None) -> Summary:
         pl.col("match").replace_strict({True: "✅", False: "❌"}, return_dtype=pl.String)
     )
     out += ["", "## Full sequences (greedy)", _table(answers, ANSWER_COLUMNS), *_sequence_totals(parity)]
-    accuracy = analysis.accuracy(requests, reference)
-    if accuracy.height:
-        out += ["", "## Task accuracy (prompts with an expected answer)", _table(accuracy, ACCURACY_COLUMNS)]
+    measured = Measured.of(tables, reference)
+    if measured.accuracy.height:
+        out += ["", "## Task accuracy (prompts with an expected answer)", _table(measured.accuracy, ACCURACY_COLUMNS)]
     perf = analysis.throughput(requests, tables["shards"])
     out += [
         "",
@@ -222,8 +222,16 @@ def render(run_dir: str | Path, *, gates: list[Gate] | None = None) -> Summary:
         out += ["", "## Performance scenarios (client-side timestamps, streaming)", _table(scenarios, SCENARIO_COLUMNS)]
     if tables["smoke"].height:
         out += ["", "## Smoke checks", _table(tables["smoke"], SMOKE_COLUMNS)]
-    extra = [accuracy.select("model", "target", task_accuracy_delta="delta_points")]
-    out += _probe_sections(tables, reference, extra)
+    extra = measured.gate_frames()
+    if measured.logits is not None:
+        out += [
+            "",
+            "## Full-distribution probe (full vocabulary, vs reference)",
+            _table(measured.logits, LOGITS_COLUMNS),
+        ]
+    if measured.layer_curve is not None:
+        title = "## Layer-wise probe (error growth across depth, vs reference)"
+        out += ["", title, _table(measured.layer_curve, LAYER_COLUMNS)]
     gates = gate_mod.from_info(info) if gates is None else gates
     passed, verdicts = None, None
     if gates:
@@ -245,20 +253,35 @@ def render(run_dir: str | Path, *, gates: list[Gate] | None = None) -> Summary:
     return Summary("\n".join(out), info.get("status") == "complete", passed)
 
 
-def _probe_sections(tables: dict[str, pl.DataFrame], reference: str, extra: list[pl.DataFrame]) -> list[str]:
-    """The deep probes' tables (when the run has them); their summaries feed the gates."""
-    from fleet import probes
+@dataclass(frozen=True)
+class Measured:
+    """Metrics beyond parity and throughput that gates can check: task accuracy and the probes."""
 
-    out: list[str] = []
-    if tables["logits"].height:
-        summary = probes.logits_summary(probes.logits_errors(tables["logits"], reference))
-        extra.append(summary)
-        out += ["", "## Full-distribution probe (full vocabulary, vs reference)", _table(summary, LOGITS_COLUMNS)]
-    if tables["layers"].height:
-        curve = probes.layer_curve(probes.layer_errors(tables["layers"], reference))
-        extra.append(probes.layer_summary(curve))
-        out += ["", "## Layer-wise probe (error growth across depth, vs reference)", _table(curve, LAYER_COLUMNS)]
-    return out
+    accuracy: pl.DataFrame
+    logits: pl.DataFrame | None  # probes.logits_summary
+    layer_curve: pl.DataFrame | None  # probes.layer_curve: the error-growth curve
+
+    @classmethod
+    def of(cls, tables: dict[str, pl.DataFrame], reference: str) -> Measured:
+        from fleet import probes
+
+        logits = layers = None
+        if tables["logits"].height:
+            logits = probes.logits_summary(probes.logits_errors(tables["logits"], reference))
+        if tables["layers"].height:
+            layers = probes.layer_curve(probes.layer_errors(tables["layers"], reference))
+        return cls(analysis.accuracy(tables["requests"], reference), logits, layers)
+
+    def gate_frames(self) -> list[pl.DataFrame]:
+        """Frames keyed by model/target with the metric columns gates.METRICS names."""
+        from fleet import probes
+
+        frames = [self.accuracy.select("model", "target", task_accuracy_delta="delta_points")]
+        if self.logits is not None:
+            frames.append(self.logits)
+        if self.layer_curve is not None:
+            frames.append(probes.layer_summary(self.layer_curve))
+        return frames
 
 
 def _matrix_section(
