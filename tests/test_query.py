@@ -9,26 +9,26 @@ import polars as pl
 import pytest
 from test_compare import DIVERGED, write_run
 
-from fleet import query
+from fleet import query, schema
 from fleet.errors import UserError
 
 
 @pytest.fixture
 def run(tmp_path: Path) -> Path:
     run_dir = write_run(tmp_path / "run", {"cand": DIVERGED}, wall_s={"cand": 0.5})
-    # A probe table the query module has never heard of: registered by its directory name.
-    (run_dir / "layers" / "m").mkdir(parents=True)
+    # A table the query module has never heard of: registered by its directory name.
+    (run_dir / "custom" / "m").mkdir(parents=True)
     pl.DataFrame({"model": ["m"], "target": ["cand"], "layer": [0], "rel_l2": [0.01]}).write_parquet(
-        run_dir / "layers" / "m" / "cand.parquet"
+        run_dir / "custom" / "m" / "cand.parquet"
     )
     return run_dir
 
 
 def test_tables_by_name(run: Path) -> None:
-    assert set(query.tables(run)) == {"requests", "tokens", "shards", "layers"}
+    assert set(query.tables(run)) == set(schema.all_tables()) | {"custom"}
     counts = query.query(run, "SELECT target, COUNT(*) AS n FROM tokens GROUP BY target ORDER BY target")
     assert counts.rows() == [("cand", 6), ("ref", 6)]
-    assert query.query(run, "SELECT rel_l2 FROM layers").item() == 0.01
+    assert query.query(run, "SELECT rel_l2 FROM custom").item() == 0.01
 
 
 def test_derived_tables_only_when_named(run: Path) -> None:
