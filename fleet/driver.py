@@ -67,11 +67,7 @@ def run(
     results_dir is a local directory or a URI (s3://bucket/prefix, see fleet.store.locate); the run
     directory is <results_dir>/<run_id>, returned in the same form (a Path stays a Path)."""
     manifest = manifest_mod.load(manifest_path)
-    for model in manifest.models:  # e.g. an hf model missing from the offline cache: say so now
-        try:
-            model.source.preflight()
-        except UserError as e:
-            raise UserError(f"{manifest_path}: model {model.name!r}: {e}") from None
+    unresolved = _preflight(manifest)
     run_id = run_id or default_run_id(manifest_path)
     run_dir = join(results_dir, run_id)
     with _storage(run_dir):
@@ -95,9 +91,29 @@ def run(
         with _storage(run_dir):  # e.g. no such bucket: nothing was written
             store = RunStore.create(run_dir, info)
         outcome = _execute(
-            manifest, plan(manifest), plan_perf(manifest), _probes(manifest), store, cluster, progress=progress
+            manifest,
+            [s for s in plan(manifest) if s.model not in unresolved],
+            [p for p in plan_perf(manifest) if p.model not in unresolved],
+            [p for p in _probes(manifest) if p.split("/")[0] not in unresolved],
+            store,
+            cluster,
+            progress=progress,
+            failed_before_start={f"{m}/{t.name}": why for m, why in unresolved.items() for t in manifest.targets},
         )
     return run_dir, outcome
+
+
+def _preflight(manifest: manifest_mod.Manifest) -> dict[str, str]:
+    """Models whose source cannot be resolved (e.g. an hf model missing from the offline cache),
+    found before any actor starts: they are recorded as failing and the rest of the run goes on."""
+    unresolved = {}
+    for model in manifest.models:
+        try:
+            model.source.preflight()
+        except UserError as e:
+            unresolved[model.name] = f"model {model.name!r}: {e}"
+            print(f"error: {unresolved[model.name]}; its targets are skipped", file=sys.stderr)
+    return unresolved
 
 
 def resume(
@@ -171,6 +187,7 @@ def _execute(
     *,
     progress: bool,
     before: dict[str, Any] | None = None,
+    failed_before_start: dict[str, str] | None = None,
 ) -> Outcome:
     """Dispatch shards and perf levels, then record in run.json how it ended (also when interrupted)."""
     from tqdm import tqdm
@@ -181,6 +198,7 @@ def _execute(
         total = len(shards) + len(perf)
         with tqdm(total=total, unit="shard", desc="shards+perf", disable=not progress, file=sys.stderr) as bar:
             outcome = execute(manifest, shards, perf, store, bar, cluster=cluster, probes=probes)
+        outcome.failures = (failed_before_start or {}) | outcome.failures
         status = "partial" if outcome.partial else "complete"
     finally:
         store.update_info(

@@ -21,6 +21,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -253,6 +254,8 @@ class _Loop:
         )
         self.active: list[ModelRun] = []
         self.calls: dict[Any, tuple[ModelRun, str]] = {}
+        self.writer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fleet-write")
+        self.writes: list[Future[None]] = []
 
     def run(self) -> Outcome:
         import ray
@@ -279,6 +282,9 @@ class _Loop:
             for run in self.active:
                 for slot in run.slots.values():
                     slot.stop()
+            self.writer.shutdown(wait=True)
+        for done in self.writes:
+            done.result()  # a failed write (disk full, bucket gone) fails the run, not silently
         return self.outcome
 
     def _submit(self) -> None:
@@ -432,12 +438,18 @@ class _Loop:
             self._write(work.gen, work.gen.tokens)
 
     def _write(self, gen: Generation, tokens: pa.Table) -> None:
-        # The shards row goes last: its presence marks the shard complete (resume relies on that).
+        """Write a shard's tables on a writer thread, so dispatch goes on while Parquet is encoded
+        and synced (pyarrow and fsync release the GIL); the run ends only when all are written."""
         shard_id = gen.shard.column("shard_id")[0].as_py()
-        self.store.write("requests", shard_id, gen.requests)
-        self.store.write("tokens", shard_id, tokens)
-        self.store.write("shards", shard_id, gen.shard)
-        self.bar.update(1)
+
+        def write() -> None:
+            # The shards row goes last: its presence marks the shard complete (resume relies on that).
+            self.store.write("requests", shard_id, gen.requests)
+            self.store.write("tokens", shard_id, tokens)
+            self.store.write("shards", shard_id, gen.shard)
+            self.bar.update(1)
+
+        self.writes.append(self.writer.submit(write))
 
 
 def _runs_alone(work: Work, slot: Slot) -> bool:

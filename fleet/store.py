@@ -113,11 +113,11 @@ class RunStore:
         path = "/".join([self.root, *_layout(table, shard_id, weights)])
         if self.local:  # straight to the temp file: no in-memory copy of a big shard
             tmp = self._temp(path)
-            pq.write_table(data, tmp, compression="zstd")
+            pq.write_table(data, tmp, compression="zstd", compression_level=1)
             _sync_and_rename(tmp, path)
         else:
             sink = pa.BufferOutputStream()
-            pq.write_table(data, sink, compression="zstd")
+            pq.write_table(data, sink, compression="zstd", compression_level=1)
             self._put(path, sink.getvalue())
         return self.shard_path(table, shard_id, weights)
 

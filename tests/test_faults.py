@@ -189,3 +189,25 @@ def test_models_run_concurrently_when_the_cluster_has_room(local_ray: Any, tmp_p
     spans = shards.group_by("model").agg(start=pl.col("started_at").min(), end=pl.col("end").max())
     (s1, e1), (s2, e2) = spans.sort("model").select("start", "end").rows()
     assert s1 < e2 and s2 < e1  # the two models' work overlapped in time
+
+
+def test_unresolvable_source_fails_its_model_and_the_rest_completes(local_ray: Any, tmp_path: Path) -> None:
+    (tmp_path / "broken.gguf").write_bytes(b"not a gguf file at all")
+    manifest = write_manifest(tmp_path)
+    text = manifest.read_text().replace(
+        "  - name: m2\n    source: {kind: synthetic, seed: 2}",
+        "  - name: m2\n    source: {kind: gguf, path: broken.gguf}",
+    )
+    manifest.write_text(text)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(tmp_path / "r"), "--run-id", "x"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"RAY_ADDRESS": local_ray.get_runtime_context().gcs_address},
+    )
+    assert proc.returncode == 3, proc.stderr  # partial: one model failed, the other completed
+    assert "model 'm2'" in proc.stderr and "broken.gguf" in proc.stderr and "Traceback" not in proc.stderr
+    info = json.loads((tmp_path / "r" / "x" / "run.json").read_text())
+    assert set(info["failures"]) == {"m2/ref", "m2/cand"} and "broken.gguf" in info["failures"]["m2/ref"]
+    assert rows(tmp_path / "r" / "x")["requests"]["model"].unique().to_list() == ["m1"]

@@ -125,3 +125,11 @@ def test_cli_missing_manifest_file(tmp_path: Path) -> None:
         [sys.executable, "-m", "fleet", "run", str(tmp_path / "nope.yaml")], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "manifest file not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_dummy_weights_are_perf_only(tmp_path: Path) -> None:
+    dummy = GOOD.replace("kind: vllm, device: cpu, dtype: bfloat16}", "kind: vllm, engine_args: {load_format: dummy}}")
+    with pytest.raises(ManifestError, match="set parity: false"):
+        load(write(tmp_path, dummy))
+    m = load(write(tmp_path, dummy.replace("load_format: dummy}", "load_format: dummy}, parity: false")))
+    assert {s.target for s in plan(m)} == {"ref"}  # no parity shards for the perf-only target
