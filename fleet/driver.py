@@ -199,6 +199,8 @@ def _execute(
         with tqdm(total=total, unit="shard", desc="shards+perf", disable=not progress, file=sys.stderr) as bar:
             outcome = execute(manifest, shards, perf, store, bar, cluster=cluster, probes=probes)
         outcome.failures = (failed_before_start or {}) | outcome.failures
+        if perf:
+            _write_perf_summary(store)
         status = "partial" if outcome.partial else "complete"
     finally:
         store.update_info(
@@ -212,6 +214,17 @@ def _execute(
             cluster=_cluster(),
         )
     return outcome
+
+
+def _write_perf_summary(store: RunStore) -> None:
+    """The perf table: fleet/perf.py's per-level figures over every stored perf row, one file per
+    model x target (rewritten whole, so a resumed run's summary covers all its levels)."""
+    from fleet import analysis, perf
+
+    tables = analysis.load(store.run_dir)
+    summary = perf.summary(tables["perf_requests"], tables["perf_levels"])
+    for (model, target), rows in summary.group_by("model", "target"):
+        store.write("perf", f"{model}/{target}/summary/00000", rows.to_arrow())
 
 
 def _cluster() -> dict[str, Any]:

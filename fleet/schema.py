@@ -198,7 +198,53 @@ SMOKE = _schema(
     ],
 )
 
-PERF_TABLES: dict[str, pa.Schema] = {"perf_requests": PERF_REQUESTS, "perf_levels": PERF_LEVELS, "smoke": SMOKE}
+# The per-level figures fleet/perf.py computes from the two tables above, written at the end of
+# every run (and resume) so analysts can read them directly; recomputed, never edited.
+PERF_SUMMARY = _schema(
+    "perf",
+    [
+        *_PERF_KEYS,
+        pa.field("request_rate", pa.float64(), metadata={"doc": "Poisson arrivals per second; null: closed loop"}),
+        pa.field("n_requests", pa.int64(), metadata={"doc": "measured requests"}),
+        pa.field("n_completed", pa.int64(), metadata={"doc": "of which completed"}),
+        pa.field("n_errors", pa.int64(), metadata={"doc": "of which failed"}),
+        pa.field("wall_s", pa.float64(), metadata={"doc": "level wall time, seconds"}),
+        pa.field("qps", pa.float64(), metadata={"doc": "completed requests / wall_s"}),
+        pa.field("output_tok_s", pa.float64(), metadata={"doc": "output tokens / wall_s"}),
+        pa.field("total_tok_s", pa.float64(), metadata={"doc": "(prompt + output tokens) / wall_s"}),
+        pa.field("prefill_tok_s", pa.float64(), metadata={"doc": "prompt tokens / sum of TTFTs"}),
+        pa.field("ttft_mean_s", pa.float64(), metadata={"doc": "TTFT mean, seconds"}),
+        pa.field("ttft_p50_s", pa.float64(), metadata={"doc": "TTFT p50, seconds"}),
+        pa.field("ttft_p90_s", pa.float64(), metadata={"doc": "TTFT p90, seconds"}),
+        pa.field("ttft_p99_s", pa.float64(), metadata={"doc": "TTFT p99, seconds"}),
+        pa.field("tpot_mean_s", pa.float64(), metadata={"doc": "TPOT mean, seconds"}),
+        pa.field("tpot_p50_s", pa.float64(), metadata={"doc": "TPOT p50, seconds"}),
+        pa.field("tpot_p90_s", pa.float64(), metadata={"doc": "TPOT p90, seconds"}),
+        pa.field("tpot_p99_s", pa.float64(), metadata={"doc": "TPOT p99, seconds"}),
+        pa.field("itl_mean_s", pa.float64(), metadata={"doc": "ITL mean, seconds"}),
+        pa.field("itl_p50_s", pa.float64(), metadata={"doc": "ITL p50, seconds"}),
+        pa.field("itl_p90_s", pa.float64(), metadata={"doc": "ITL p90, seconds"}),
+        pa.field("itl_p99_s", pa.float64(), metadata={"doc": "ITL p99, seconds"}),
+        pa.field("e2e_mean_s", pa.float64(), metadata={"doc": "E2E mean, seconds"}),
+        pa.field("e2e_p50_s", pa.float64(), metadata={"doc": "E2E p50, seconds"}),
+        pa.field("e2e_p90_s", pa.float64(), metadata={"doc": "E2E p90, seconds"}),
+        pa.field("e2e_p99_s", pa.float64(), metadata={"doc": "E2E p99, seconds"}),
+        pa.field("queue_delay_mean_s", pa.float64(), metadata={"doc": "mean send lag behind schedule, seconds"}),
+        pa.field("queue_delay_max_s", pa.float64(), metadata={"doc": "largest send lag, seconds"}),
+        pa.field("engine_queue_mean_s", pa.float64(), metadata={"doc": "engine: mean queued to scheduled, seconds"}),
+        pa.field(
+            "engine_ttft_mean_s", pa.float64(), metadata={"doc": "engine: mean scheduled to first token, seconds"}
+        ),
+        pa.field("engine_tpot_mean_s", pa.float64(), metadata={"doc": "engine: mean TPOT, seconds"}),
+    ],
+)
+
+PERF_TABLES: dict[str, pa.Schema] = {
+    "perf_requests": PERF_REQUESTS,
+    "perf_levels": PERF_LEVELS,
+    "perf": PERF_SUMMARY,
+    "smoke": SMOKE,
+}
 
 
 # Probe tables (issue 6), opt-in per manifest: full-vocabulary logprobs (the Qwen2.5 report's

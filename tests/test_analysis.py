@@ -317,7 +317,7 @@ def test_load(tmp_path: Path) -> None:
     part.parent.mkdir(parents=True)
     pq.write_table(schema.conform(REQUESTS.filter(pl.col("target") == CAND).to_arrow(), schema.REQUESTS), part)
     frames = analysis.load(tmp_path)
-    assert sorted(frames) == ["requests", "shards", "tokens"]
+    assert sorted(frames) == sorted(schema.all_tables())
     requests = frames["requests"].collect()
     assert requests.height == 2 and set(requests["target"]) == {CAND}
     # No tokens files: an empty frame that still has the table's columns and types.

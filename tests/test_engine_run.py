@@ -122,6 +122,10 @@ def test_perf_scenarios_ran_alone_on_the_cores(engine_run: Path) -> None:
     assert (requests["n_prompt_tokens"] == 32).all() and requests["error"].null_count() == 32
     summary = perf.summary(requests, levels)
     assert (summary["output_tok_s"] > 0).all() and (summary["qps"] > 0).all()
+    stored = t["perf"].sort("target", "level")  # the summary the run wrote: the same figures
+    assert stored.select("target", "level", "qps", "output_tok_s").equals(
+        summary.sort("target", "level").select("target", "level", "qps", "output_tok_s")
+    )
     # On CPU a perf level has the cores to itself: no shard's generation overlaps it in time.
     end = pl.col("started_at") + pl.duration(seconds=pl.col("wall_s"))
     spans = lambda frame: frame.select(start="started_at", end=end).rows()  # noqa: E731

@@ -37,6 +37,9 @@ def ray_head(fleet_cache: Path, tmp_path: Path) -> Iterator[tuple[str, dict[str,
     env.pop("RAY_ADDRESS")
     cmd = [str(BIN / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=2"]
     cmd += ["--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", "--disable-usage-stats"]
+    # Ports of our own: the session's other Ray already holds the agents' default ones (52365...).
+    cmd += [f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}"]
+    cmd += [f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}"]
     log = (tmp_path / "head.log").open("w")
     head = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{dashboard}"
