@@ -42,7 +42,7 @@ def start(ray: Any, args: Any) -> Any:
     """A Card actor hosting the target, as fleet/scheduler.py starts one (but holding no CPU slot)."""
     from actors.card import Card
     from fleet.manifest import ModelSpec, Sampling
-    from fleet.scheduler import BASE_ENV
+    from fleet.slots import BASE_ENV
 
     runtime_env = {"env_vars": BASE_ENV | args.actor_env()}
     card = ray.remote(Card).options(num_cpus=0, runtime_env=runtime_env)
