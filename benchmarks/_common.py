@@ -11,14 +11,16 @@ machine's load average are printed beside it so a busy machine shows.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from actors.base import ResolvedModel
@@ -92,3 +94,36 @@ def timed(fn: Callable[[], int]) -> float:
     t0 = time.perf_counter()
     units = fn()
     return units / (time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class VllmBench:
+    """The setup the vLLM benchmarks share: options, model, prompts as a shard, one engine."""
+
+    opts: argparse.Namespace
+    model: ResolvedModel
+    texts: list[str]
+    shard: Any
+    engine: Any
+
+
+def vllm_bench(description: str) -> VllmBench:
+    """Parse --rounds/--prompts/--max-tokens and build a bf16 VllmEngine with top-5 logprobs."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    opts = parser.parse_args()
+    setup_env()
+
+    from actors.vllm_engine import VllmArgs, VllmEngine
+    from fleet.manifest import Sampling
+    from fleet.plan import Shard
+    from fleet.prompts import Prompt
+
+    resolved, _ = model()
+    texts = prompts(opts.prompts)
+    shard = Shard("bench", "vllm", "bench", 0, tuple(Prompt(id=str(i), prompt=t) for i, t in enumerate(texts)))
+    sampling = Sampling(max_tokens=opts.max_tokens, logprobs=5)
+    engine = VllmEngine(VllmArgs(name="vllm", dtype="bfloat16", max_model_len=512), resolved, sampling=sampling)
+    return VllmBench(opts, resolved, texts, shard, engine)

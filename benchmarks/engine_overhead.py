@@ -10,30 +10,15 @@ top-k sorting, Arrow conversion).
 
 from __future__ import annotations
 
-import argparse
-
 import _common
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    opts = parser.parse_args()
-    _common.setup_env()
+    bench = _common.vllm_bench(__doc__.splitlines()[0])
+    opts, resolved, texts, shard, engine = bench.opts, bench.model, bench.texts, bench.shard, bench.engine
 
     from actors.base import to_generation
-    from actors.vllm_engine import VllmArgs, VllmEngine
-    from fleet.manifest import Sampling
-    from fleet.plan import Shard
-    from fleet.prompts import Prompt
 
-    resolved, _ = _common.model()
-    texts = _common.prompts(opts.prompts)
-    shard = Shard("bench", "vllm", "bench", 0, tuple(Prompt(id=str(i), prompt=t) for i, t in enumerate(texts)))
-    sampling = Sampling(max_tokens=opts.max_tokens, logprobs=5)
-    engine = VllmEngine(VllmArgs(name="vllm", dtype="bfloat16", max_model_len=512), resolved, sampling=sampling)
     params = engine._params()  # exactly what generate() sends
 
     def fleet() -> int:

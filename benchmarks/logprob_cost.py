@@ -11,29 +11,12 @@ token (`Logprob.decoded_token`, which fleet-eval never reads) through its tokeni
 
 from __future__ import annotations
 
-import argparse
-
 import _common
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    opts = parser.parse_args()
-    _common.setup_env()
-
-    from actors.vllm_engine import VllmArgs, VllmEngine
-    from fleet.manifest import Sampling
-    from fleet.plan import Shard
-    from fleet.prompts import Prompt
-
-    resolved, _ = _common.model()
-    texts = _common.prompts(opts.prompts)
-    shard = Shard("bench", "vllm", "bench", 0, tuple(Prompt(id=str(i), prompt=t) for i, t in enumerate(texts)))
-    sampling = Sampling(max_tokens=opts.max_tokens, logprobs=5)
-    engine = VllmEngine(VllmArgs(name="vllm", dtype="bfloat16", max_model_len=512), resolved, sampling=sampling)
+    bench = _common.vllm_bench(__doc__.splitlines()[0])
+    opts, texts, shard, engine = bench.opts, bench.texts, bench.shard, bench.engine
 
     def fleet() -> int:
         return int(sum(engine.generate(shard).requests.column("n_output_tokens").to_pylist()))
