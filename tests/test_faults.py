@@ -75,6 +75,13 @@ def assert_no_cards_left() -> None:
     assert card_processes() == []
 
 
+def cli_run(manifest: Path, results: Path, ray: Any) -> subprocess.CompletedProcess[str]:
+    """`fleet run` as a user runs it (run id x), on the session's Ray."""
+    cmd = [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(results), "--run-id", "x"]
+    env = os.environ | {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
 def run(manifest: Path, tmp: Path, run_id: str) -> tuple[Path, Any]:
     return driver.run(manifest, results_dir=tmp / "results", run_id=run_id, progress=False)
 
@@ -109,13 +116,7 @@ def test_shard_failing_every_attempt_is_recorded_and_the_rest_completes(local_ra
     manifest = write_manifest(
         tmp_path, cand=f", fault_dir: {faults}, hang_shards: [m1/cand/p/00002]", timeout=3, attempts=1
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(tmp_path / "r"), "--run-id", "x"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ | {"RAY_ADDRESS": local_ray.get_runtime_context().gcs_address},
-    )
+    proc = cli_run(manifest, tmp_path / "r", local_ray)
     assert proc.returncode == 3, proc.stderr  # partial
     info = json.loads((tmp_path / "r" / "x" / "run.json").read_text())
     assert info["status"] == "partial" and list(info["failed_shards"]) == ["m1/cand/p/00002"]
@@ -207,13 +208,7 @@ def test_unresolvable_source_fails_its_model_and_the_rest_completes(local_ray: A
         "  - name: m2\n    source: {kind: gguf, path: broken.gguf}",
     )
     manifest.write_text(text)
-    proc = subprocess.run(
-        [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(tmp_path / "r"), "--run-id", "x"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ | {"RAY_ADDRESS": local_ray.get_runtime_context().gcs_address},
-    )
+    proc = cli_run(manifest, tmp_path / "r", local_ray)
     assert proc.returncode == 3, proc.stderr  # partial: one model failed, the other completed
     assert "model 'm2'" in proc.stderr and "broken.gguf" in proc.stderr and "Traceback" not in proc.stderr
     info = json.loads((tmp_path / "r" / "x" / "run.json").read_text())
