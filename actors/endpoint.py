@@ -11,35 +11,10 @@ Generation and perf work with any server that speaks the completions API with vL
 from __future__ import annotations
 
 import os
-from typing import Any, ClassVar, Literal
+from typing import Any
 
-from pydantic import Field
-
-from actors.base import TargetArgs
 from actors.openai_client import OpenAIEngine
-
-
-class EndpointArgs(TargetArgs):
-    """An existing OpenAI-compatible server."""
-
-    perf_capable: ClassVar[bool] = True
-    smoke_capable: ClassVar[bool] = True
-
-    kind: Literal["endpoint"] = "endpoint"
-    base_url: str = Field(
-        # No user:password@ in the URL: the manifest is recorded in run.json; keys go in api_key_env.
-        pattern=r"^https?://[^/@]+(/[^@]*)?$",
-        description="API root including /v1, e.g. http://host:8000/v1 (no credentials in it).",
-    )
-    api_key_env: str | None = Field(
-        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Name of the environment variable holding the key."
-    )
-    served_model: str | None = Field(None, description="The API's model name; the first it lists when unset.")
-    send_token_ids: bool = Field(
-        False, description="Send prompts as locally tokenized ids (servers without vLLM's return_token_ids)."
-    )
-    request_timeout_s: float = Field(600, gt=0, description="Longest silence on one request before it fails.")
-    max_concurrency: int = Field(64, ge=1, description="Requests in flight at once for generate and score.")
+from fleet.contracts.targets import EndpointArgs
 
 
 class EndpointEngine(OpenAIEngine):

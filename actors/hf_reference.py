@@ -8,34 +8,18 @@ timestamps, and nothing (repetition penalties, generation_config defaults) alter
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, model_validator
-
-from actors.base import Completion, DType, Engine, Generation, TargetArgs, scores_table, to_generation
+from actors.tables import scores_table, to_generation
+from fleet.contracts.engine import Completion, Engine, Generation
+from fleet.contracts.targets import HFArgs
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from actors.probes import Positions
-    from fleet.plan import Shard
-    from fleet.prompts import Prompt
-
-
-class HFArgs(TargetArgs):
-    """A transformers target; float32 on cpu is the usual reference."""
-
-    kind: Literal["hf"] = "hf"
-    dtype: DType = Field("float32", description="Weights and activations dtype.")
-    attn_implementation: Literal["eager", "sdpa"] = Field("sdpa", description="transformers attention kernel.")
-    score_batch_size: int = Field(8, ge=1, description="Sequences per forward pass when scoring.")
-
-    @model_validator(mode="after")
-    def _one_card(self) -> HFArgs:
-        if self.tensor_parallel_size != 1:
-            msg = "hf targets run on one card: tensor_parallel_size must be 1"
-            raise ValueError(msg)
-        return self
+    from fleet.contracts.engine import Positions
+    from fleet.contracts.prompts import Prompt
+    from fleet.contracts.spec import Shard
 
 
 class HFEngine(Engine):
@@ -176,7 +160,7 @@ class HFEngine(Engine):
         """fleet.schema.PROBE_LOGITS: float32 log-softmax over the full vocabulary after the last
         prompt token ("last") or after every prompt token ("all"), one forward pass per prompt.
         Prompts are rendered as in generate (chat messages through the chat template)."""
-        from actors import probes
+        from actors import capture as probes
 
         torch, out = self.torch, []
         for prompt in prompts:
@@ -200,7 +184,7 @@ class HFEngine(Engine):
         (decoder) and L + 1 (norm). A model whose code ignores that switch (hidden_states[L] is
         the norm's output) has no row L.
         """
-        from actors import probes
+        from actors import capture as probes
 
         torch, decoder = self.torch, self.net.get_decoder()
         config, absent = self.net.config, object()

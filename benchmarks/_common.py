@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from actors.base import ResolvedModel
+    from fleet.contracts.engine import ResolvedModel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable as `python benchmarks/x.py` from a checkout
@@ -39,7 +39,7 @@ MODEL = {
 
 def setup_env() -> None:
     """The environment fleet-eval's actors run vLLM with on CPU (before vllm is imported)."""
-    from actors.vllm_engine import CPU_ENV
+    from fleet.contracts.targets import CPU_ENV
 
     for key, value in (CPU_ENV | {"VLLM_NO_USAGE_STATS": "1", "TOKENIZERS_PARALLELISM": "false"}).items():
         os.environ.setdefault(key, value)
@@ -47,11 +47,12 @@ def setup_env() -> None:
 
 def model(name: str = "bench") -> tuple[ResolvedModel, Path]:
     """(ResolvedModel, directory) of the benchmark model, built once into $FLEET_CACHE."""
-    from actors.base import ResolvedModel
-    from fleet.manifest import ModelSpec
+    from actors.sources import resolver
+    from fleet.contracts.engine import ResolvedModel
+    from fleet.contracts.spec import ModelSpec
 
     spec = ModelSpec.model_validate({"name": name, "source": MODEL})
-    path = spec.source.local_dir()
+    path = resolver(spec.source).local_dir()
     return ResolvedModel(spec, path, "bench", None), path
 
 
@@ -116,10 +117,10 @@ def vllm_bench(description: str) -> VllmBench:
     opts = parser.parse_args()
     setup_env()
 
-    from actors.vllm_engine import VllmArgs, VllmEngine
-    from fleet.manifest import Sampling
-    from fleet.plan import Shard
-    from fleet.prompts import Prompt
+    from actors.vllm_engine import VllmEngine
+    from fleet.contracts.prompts import Prompt
+    from fleet.contracts.spec import Sampling, Shard
+    from fleet.contracts.targets import VllmArgs
 
     resolved, _ = model()
     texts = prompts(opts.prompts)

@@ -53,12 +53,13 @@ def timed_run(path: Path, results: Path) -> tuple[float, float, int]:
     cores, staggered) is Ray's, not the driver's, so the first figure leaves it out."""
     import polars as pl
 
-    from fleet import analysis, driver
+    from fleet.results import reader
+    from fleet.run import driver
 
     run_dir, outcome = driver.run(path, results_dir=results, progress=False)
     assert not outcome.partial, outcome
     shards = (
-        analysis.load(run_dir)["shards"]
+        reader.load(run_dir)["shards"]
         .collect()
         .with_columns(end=pl.col("started_at") + pl.duration(seconds=pl.col("wall_s")))
     )
@@ -72,13 +73,13 @@ def timed_run(path: Path, results: Path) -> tuple[float, float, int]:
 
 def write_rate(tmp: Path, *, shards: int, prompts: int, tokens: int) -> float:
     """Token rows/s through RunStore.write (atomic, fsynced, zstd), on test-double generations."""
-    from actors.base import ResolvedModel
-    from actors.test_double import TestDoubleArgs, TestDoubleEngine
-    from fleet.manifest import ModelSpec, Sampling
-    from fleet.plan import Shard
-    from fleet.prompts import Prompt
-    from fleet.sources import SyntheticSource
-    from fleet.store import RunStore
+    from actors.test_double import TestDoubleEngine
+    from fleet.contracts.engine import ResolvedModel
+    from fleet.contracts.prompts import Prompt
+    from fleet.contracts.sources import SyntheticSource
+    from fleet.contracts.spec import ModelSpec, Sampling, Shard
+    from fleet.contracts.targets import TestDoubleArgs
+    from fleet.results.store import RunStore
 
     model = ResolvedModel(ModelSpec(name="m", source=SyntheticSource()), tmp, "w" * 16, None)
     engine = TestDoubleEngine(TestDoubleArgs(name="td"), model, sampling=Sampling(max_tokens=tokens, logprobs=5))

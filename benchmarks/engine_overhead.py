@@ -17,7 +17,7 @@ def main() -> None:
     bench = _common.vllm_bench(__doc__.splitlines()[0])
     opts, resolved, texts, shard, engine = bench.opts, bench.model, bench.texts, bench.shard, bench.engine
 
-    from actors.base import to_generation
+    from actors.tables import to_generation
 
     params = engine._params()  # exactly what generate() sends
 

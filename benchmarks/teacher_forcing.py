@@ -22,10 +22,10 @@ def main() -> None:
     opts = parser.parse_args()
     _common.setup_env()
 
-    from actors.hf_reference import HFArgs, HFEngine
-    from fleet.manifest import Sampling
-    from fleet.plan import Shard
-    from fleet.prompts import Prompt
+    from actors.hf_reference import HFEngine
+    from fleet.contracts.prompts import Prompt
+    from fleet.contracts.spec import Sampling, Shard
+    from fleet.contracts.targets import HFArgs
 
     resolved, _ = _common.model()
     texts = _common.prompts(opts.prompts)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fleet.gates import Gate
+    from fleet.contracts.gates import Gate
 
 EXIT_OK, EXIT_USAGE, EXIT_PARTIAL, EXIT_GATES = 0, 2, 3, 4
 
@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fleet.errors import UserError
+    from fleet.contracts.errors import UserError
 
     args = _parser().parse_args(argv)
     try:
@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fleet import driver
-    from fleet.errors import UserError
+    from fleet.contracts.errors import UserError
+    from fleet.run import driver
 
     common = {"ray_address": args.ray_address, "progress": not args.no_progress, "verbose": args.verbose}
     if (args.manifest is None) == (args.resume is None):
@@ -90,7 +90,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from fleet import gates, html_report
+    from fleet.analysis import gates
+    from fleet.report import html as html_report
 
     chosen = gates.load(args.gates) if args.gates else None
     code = _summarize(args.run_dir, chosen)
@@ -102,7 +103,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _summarize(run_dir: str | Path, chosen: list[Gate] | None = None) -> int:
-    from fleet import report
+    from fleet.report import text as report
 
     summary = report.render(run_dir, gates=chosen)
     print(summary.text)
@@ -112,7 +113,8 @@ def _summarize(run_dir: str | Path, chosen: list[Gate] | None = None) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from fleet import compare, gates
+    from fleet.analysis import gates
+    from fleet.report import compare
 
     chosen = gates.load(args.gates) if args.gates else None
     print(compare.render(compare.compare(args.run_a, args.run_b, gates=chosen), run_a=args.run_a, run_b=args.run_b))
@@ -120,8 +122,8 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _query(args: argparse.Namespace) -> int:
-    from fleet import query
-    from fleet.errors import UserError
+    from fleet.analysis import query
+    from fleet.contracts.errors import UserError
 
     if args.tables:
         print(query.describe(args.run_dir))

@@ -72,7 +72,7 @@ def local_ray(fleet_cache: Path) -> Iterator[Any]:
 def engine_run(local_ray: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real run: HF float32 reference, vLLM CPU float32 and bfloat16 candidates;
     8 text prompts and the 10 built-in chat prompts with expected answers."""
-    from fleet import driver
+    from fleet.run import driver
 
     base = tmp_path_factory.mktemp("engine-run")
     manifest = base / "engine.yaml"

@@ -11,8 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fleet import analysis, schema
-from fleet.errors import UserError
+from fleet.analysis import parity as analysis
+from fleet.contracts import schema
+from fleet.contracts.errors import UserError
+from fleet.results import reader
 
 REF, CAND = "hf", "vllm"
 
@@ -316,7 +318,7 @@ def test_load(tmp_path: Path) -> None:
     part = tmp_path / "requests" / "m" / CAND / "shard-0.parquet"
     part.parent.mkdir(parents=True)
     pq.write_table(schema.conform(REQUESTS.filter(pl.col("target") == CAND).to_arrow(), schema.REQUESTS), part)
-    frames = analysis.load(tmp_path)
+    frames = reader.load(tmp_path)
     assert sorted(frames) == sorted(schema.all_tables())
     requests = frames["requests"].collect()
     assert requests.height == 2 and set(requests["target"]) == {CAND}
@@ -331,4 +333,4 @@ def test_load_refuses_other_schema_version(tmp_path: Path) -> None:
     (tmp_path / "requests").mkdir()
     pq.write_table(table, tmp_path / "requests" / "x.parquet")
     with pytest.raises(UserError, match="schema version 999"):
-        analysis.load(tmp_path)
+        reader.load(tmp_path)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet.errors import UserError
-from fleet.manifest import load
-from fleet.placement import check_fits, footprint
+from fleet.contracts.errors import UserError
+from fleet.run.manifest import load
+from fleet.run.placement import check_fits, footprint
 
 pytestmark = pytest.mark.engine
 
@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
     from ray.cluster_utils import Cluster
     import ray
-    from fleet import driver
+    from fleet.run import driver
 
     cluster = Cluster()
     for _ in range(2):

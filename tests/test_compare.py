@@ -15,8 +15,10 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from fleet import compare, gates, schema
-from fleet.store import RunStore
+from fleet.analysis import gates
+from fleet.contracts import schema
+from fleet.report import compare
+from fleet.results.store import RunStore
 
 # Reference outputs: prompt -> [(token, logprob)]. Logprobs are multiples of 1/4, exact in float32.
 REF_OUT = {"p1": [(5, -0.5), (6, -1.0), (7, -0.25)], "p2": [(5, -0.25), (8, -0.5), (9, -1.0)]}

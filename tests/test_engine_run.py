@@ -17,14 +17,17 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from fleet import analysis, schema
+from fleet.analysis import parity as analysis
+from fleet.analysis import query
+from fleet.contracts import schema
+from fleet.results import reader
 
 pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
 def parity(engine_run: Path) -> dict[str, dict[str, object]]:
-    t = analysis.load(engine_run)
+    t = reader.load(engine_run)
     frame = analysis.parity(t["requests"], t["tokens"], "hf-fp32")
     return {row["target"]: row for row in frame.to_dicts()}
 
@@ -50,7 +53,7 @@ def test_bfloat16_drifts_like_a_precision_change(parity: dict[str, dict[str, obj
 def test_every_target_sees_the_same_prompt_tokens(engine_run: Path) -> None:
     """Text prompts are tokenized by each engine, chat prompts rendered by each engine's own
     chat-template path (vLLM's LLM.chat, HF's apply_chat_template): the ids must agree."""
-    requests = analysis.load(engine_run)["requests"].collect()
+    requests = reader.load(engine_run)["requests"].collect()
     assert requests.height == 54  # (8 text + 10 chat prompts) x 3 targets, each exactly once
     per_prompt = requests.group_by("prompt_set", "prompt_id").agg(variants=pl.col("prompt_token_ids").n_unique())
     assert per_prompt["variants"].to_list() == [1] * 18
@@ -60,7 +63,7 @@ def test_every_target_sees_the_same_prompt_tokens(engine_run: Path) -> None:
 
 
 def test_task_accuracy_per_target(engine_run: Path) -> None:
-    t = analysis.load(engine_run)
+    t = reader.load(engine_run)
     acc = {r["target"]: r for r in analysis.accuracy(t["requests"], "hf-fp32").to_dicts()}
     assert set(acc) == {"hf-fp32", "vllm-fp32", "vllm-bf16"}
     assert all(r["n_expected"] == 10 for r in acc.values())
@@ -70,7 +73,7 @@ def test_task_accuracy_per_target(engine_run: Path) -> None:
 
 
 def test_every_position_scored_and_every_row_once(engine_run: Path) -> None:
-    t = analysis.load(engine_run)
+    t = reader.load(engine_run)
     tokens = t["tokens"].collect()
     requests = t["requests"].collect()
     assert tokens.height == requests["n_output_tokens"].sum()
@@ -97,19 +100,19 @@ def test_parquet_has_the_documented_schema(engine_run: Path) -> None:
 
 
 def test_latencies_are_measured(engine_run: Path) -> None:
-    requests = analysis.load(engine_run)["requests"].collect()
+    requests = reader.load(engine_run)["requests"].collect()
     for col in ("ttft_s", "e2e_s"):
         assert requests[col].null_count() == 0
         assert (requests[col] > 0).all()
     assert (requests["e2e_s"] >= requests["ttft_s"]).all()
-    perf = analysis.throughput(*(analysis.load(engine_run)[t] for t in ("requests", "shards")))
+    perf = analysis.throughput(*(reader.load(engine_run)[t] for t in ("requests", "shards")))
     assert (perf["output_tok_s"] > 0).all() and perf.height == 3
 
 
 def test_perf_scenarios_ran_alone_on_the_cores(engine_run: Path) -> None:
-    from fleet import perf
+    from fleet.analysis import perf
 
-    t = {name: frame.collect() for name, frame in analysis.load(engine_run).items()}
+    t = {name: frame.collect() for name, frame in reader.load(engine_run).items()}
     levels, requests = t["perf_levels"], t["perf_requests"]
     # Both vLLM targets (HF has no perf path), each level once: 8 measured requests x 16 tokens.
     assert sorted(levels.select("target", "level").rows()) == [
@@ -122,7 +125,8 @@ def test_perf_scenarios_ran_alone_on_the_cores(engine_run: Path) -> None:
     assert (requests["n_prompt_tokens"] == 32).all() and requests["error"].null_count() == 32
     summary = perf.summary(requests, levels)
     assert (summary["output_tok_s"] > 0).all() and (summary["qps"] > 0).all()
-    stored = t["perf"].sort("target", "level")  # the summary the run wrote: the same figures
+    # The perf view `fleet query` computes when read: the same figures.
+    stored = query.query(engine_run, "SELECT * FROM perf").sort("target", "level")
     assert stored.select("target", "level", "qps", "output_tok_s").equals(
         summary.sort("target", "level").select("target", "level", "qps", "output_tok_s")
     )
@@ -161,7 +165,7 @@ def test_no_engine_process_left_behind(engine_run: Path) -> None:
     # Killed actors' workers exit asynchronously; give them a moment before reading the table.
     for _ in range(50):
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-        leftovers = [line for line in ps.splitlines() if "ray::Card" in line or "EngineCore" in line]
+        leftovers = [line for line in ps.splitlines() if "ray::TargetActor" in line or "EngineCore" in line]
         if not leftovers:
             break
         time.sleep(0.2)

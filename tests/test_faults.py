@@ -19,7 +19,8 @@ from typing import Any
 
 import polars as pl
 
-from fleet import analysis, driver
+from fleet.results import reader
+from fleet.run import driver
 
 MANIFEST = textwrap.dedent(
     """
@@ -49,7 +50,7 @@ def write_manifest(tmp: Path, *, cand: str = "", timeout: float = 60, attempts: 
 
 
 def rows(run_dir: Path) -> dict[str, pl.DataFrame]:
-    return {name: frame.collect() for name, frame in analysis.load(run_dir).items()}
+    return {name: frame.collect() for name, frame in reader.load(run_dir).items()}
 
 
 def assert_exactly_once(run_dir: Path, *, models: int = 2, prompts: int = 6, tokens: int = 8) -> None:
@@ -64,7 +65,7 @@ def assert_exactly_once(run_dir: Path, *, models: int = 2, prompts: int = 6, tok
 
 def card_processes() -> list[str]:
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in ps.splitlines() if "ray::Card" in line]
+    return [line for line in ps.splitlines() if "ray::TargetActor" in line]
 
 
 def assert_no_cards_left() -> None:

@@ -11,8 +11,10 @@ import pytest
 from pydantic import ValidationError
 from test_compare import SAME, write_run
 
-from fleet import analysis, gates
-from fleet.errors import UserError
+from fleet.analysis import gates
+from fleet.analysis import parity as analysis
+from fleet.contracts.errors import UserError
+from fleet.results import reader
 
 RUN = Path("/runs/r1")
 # Two candidates of model m against reference `ref`; model m2 has one candidate.
@@ -115,7 +117,7 @@ def test_validation_errors() -> None:
 
 def test_metrics_cover_analysis_columns() -> None:
     """Every parity and throughput column is gateable (the list is kept in sync with fleet.analysis)."""
-    empty = analysis.load(Path("/nonexistent"))
+    empty = reader.load(Path("/nonexistent"))
     columns = analysis.parity(empty["requests"], empty["tokens"], "ref").columns
     columns += analysis.throughput(empty["requests"], empty["shards"]).columns
     assert set(columns) - {"model", "target"} <= set(gates.METRICS)

@@ -15,7 +15,9 @@ import polars as pl
 import pytest
 from test_compare import DIVERGED, SAME, write_model_dir, write_run
 
-from fleet import gates, html_report, svg
+from fleet.analysis import gates
+from fleet.report import html as html_report
+from fleet.report import svg
 
 N_PLOTS = 8  # scatter, drift by position, divergence, TTFT CDF, E2E CDF, layer rel_l2 and cosine, concurrency
 GATES = gates.parse(

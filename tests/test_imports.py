@@ -8,8 +8,9 @@ HEAVY = ("torch", "vllm", "transformers")
 
 def test_driver_side_imports_are_light() -> None:
     code = (
-        "import sys, fleet, fleet.cli, fleet.manifest, fleet.plan, fleet.driver, fleet.scheduler, "
-        "fleet.store, fleet.analysis, fleet.report, actors, actors.card;"
+        "import sys, fleet, fleet.cli, fleet.run.manifest, fleet.run.plan, fleet.run.driver, fleet.run.scheduler, "
+        "fleet.results.store, fleet.analysis.parity, fleet.report.text, fleet.report.html, actors, "
+        "actors.target_actor, actors.sources;"
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

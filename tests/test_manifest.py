@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet.errors import ManifestError
-from fleet.manifest import load
-from fleet.plan import plan
+from fleet.contracts.errors import ManifestError
+from fleet.run.manifest import load
+from fleet.run.plan import plan
 
 GOOD = textwrap.dedent(
     """

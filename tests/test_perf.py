@@ -12,10 +12,11 @@ import polars as pl
 import pytest
 from pydantic import ValidationError
 
-from actors import perf
-from actors.perf import Chunk, EngineStats, Scenario
-from fleet import perf as fleet_perf
-from fleet import schema
+from actors import loadgen as perf
+from fleet.analysis import perf as fleet_perf
+from fleet.contracts import schema
+from fleet.contracts.engine import Chunk, EngineStats
+from fleet.contracts.spec import Scenario
 
 
 class FakeTokenizer:

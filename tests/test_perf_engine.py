@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from actors.perf import Chunk, Scenario
+from actors.sources import resolver
+from fleet.contracts.engine import Chunk
+from fleet.contracts.spec import Scenario
 
 pytestmark = pytest.mark.engine
 
@@ -20,17 +22,18 @@ SYNTHETIC = {"seed": 7, "hidden_size": 128, "intermediate_size": 256, "num_layer
 
 @pytest.fixture(scope="module")
 def engine(fleet_cache: Path) -> Iterator[Any]:
-    from actors.base import ResolvedModel
-    from actors.vllm_engine import CPU_ENV, VllmArgs, VllmEngine
-    from fleet.manifest import ModelSpec, Sampling
-    from fleet.sources import SyntheticSource
+    from actors.vllm_engine import VllmEngine
+    from fleet.contracts.engine import ResolvedModel
+    from fleet.contracts.sources import SyntheticSource
+    from fleet.contracts.spec import ModelSpec, Sampling
+    from fleet.contracts.targets import CPU_ENV, VllmArgs
 
     spec = ModelSpec(name="tiny", source=SyntheticSource(**SYNTHETIC, num_kv_heads=2, init_std=0.1))
     args = VllmArgs(name="vllm-fp32", dtype="float32", max_model_len=256)
     with pytest.MonkeyPatch.context() as mp:
         for key, value in CPU_ENV.items():
             mp.setenv(key, value)
-        path = spec.source.local_dir()
+        path = resolver(spec.source).local_dir()
         eng = VllmEngine(args, ResolvedModel(spec, path, "test", None), sampling=Sampling(max_tokens=8))
         try:
             yield eng
@@ -44,8 +47,8 @@ def scenario(**kw: Any) -> Scenario:
 
 
 def generate(engine: Any) -> list[list[int]]:
-    from fleet.plan import Shard
-    from fleet.prompts import Prompt
+    from fleet.contracts.prompts import Prompt
+    from fleet.contracts.spec import Shard
 
     shard = Shard("tiny", "vllm-fp32", "p", 0, (Prompt(id="a", prompt="The capital of France is"),))
     return [r["output_token_ids"] for r in engine.generate(shard).requests.to_pylist()]
@@ -76,7 +79,7 @@ def test_levels_give_exact_token_counts_and_engine_figures(engine: Any) -> None:
 
 
 def test_prompt_set_with_chat_prompts_and_open_loop(engine: Any) -> None:
-    from fleet.prompts import Message, Prompt
+    from fleet.contracts.prompts import Message, Prompt
 
     prompts = [
         Prompt(id="t", prompt="Two plus two equals"),

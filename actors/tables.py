@@ -1,0 +1,94 @@
+"""Building the declared Arrow tables from engine-neutral results: every engine's last step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fleet.contracts.engine import Completion, Generation, ResolvedModel
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from fleet.contracts.spec import Shard
+
+
+def to_generation(
+    shard: Shard, model: ResolvedModel, completions: list[Completion], *, started_at: float, wall_s: float
+) -> Generation:
+    """Build the requests, tokens and shards rows of one shard (ref_* columns left null)."""
+    import datetime as dt
+    import socket
+
+    import pyarrow as pa
+
+    from fleet.contracts import schema
+
+    keys: dict[str, object] = {
+        "model": shard.model,
+        "model_weights": model.weights,
+        "target": shard.target,
+        "prompt_set": shard.prompt_set,
+    }
+    requests = pa.Table.from_pylist(
+        [
+            keys
+            | {
+                "prompt_id": c.prompt.id,
+                "shard_id": shard.shard_id,
+                "prompt": c.rendered,
+                "messages": c.prompt.messages_json(),
+                "expected": c.prompt.expected.rule() if c.prompt.expected else None,
+                "prompt_token_ids": c.prompt_token_ids,
+                "output_text": c.output_text,
+                "output_token_ids": c.output_token_ids,
+                "n_prompt_tokens": len(c.prompt_token_ids),
+                "n_output_tokens": len(c.output_token_ids),
+                "finish_reason": c.finish_reason,
+                "queue_s": c.queue_s,
+                "ttft_s": c.ttft_s,
+                "tpot_s": c.tpot_s,
+                "e2e_s": c.e2e_s,
+            }
+            for c in completions
+        ]
+    )
+    n = [len(c.output_token_ids) for c in completions]
+    tokens = pa.table(
+        {
+            **{key: [value] * sum(n) for key, value in keys.items()},
+            "prompt_id": [c.prompt.id for c in completions for _ in c.output_token_ids],
+            "position": [i for c in completions for i in range(len(c.output_token_ids))],
+            "token_id": [t for c in completions for t in c.output_token_ids],
+            "logprob": [x for c in completions for x in c.logprobs],
+            "rank": [x for c in completions for x in c.ranks],
+            "topk_ids": [x for c in completions for x in c.topk_ids],
+            "topk_logprobs": [x for c in completions for x in c.topk_logprobs],
+        }
+    )
+    shard_row = pa.Table.from_pylist(
+        [
+            keys
+            | {
+                "shard_id": shard.shard_id,
+                "n_requests": len(completions),
+                "n_output_tokens": sum(n),
+                "started_at": dt.datetime.fromtimestamp(started_at, tz=dt.UTC),
+                "wall_s": wall_s,
+                "hostname": socket.gethostname(),
+            }
+        ]
+    )
+    return Generation(
+        schema.conform(requests, schema.REQUESTS),
+        schema.conform(tokens, schema.TOKENS),
+        schema.conform(shard_row, schema.SHARDS),
+    )
+
+
+def scores_table(rows: list[dict[str, object]]) -> pa.Table:
+    """SCORES rows (prompt_id, position, ref_*) as a table of the declared schema."""
+    import pyarrow as pa
+
+    from fleet.contracts import schema
+
+    return schema.conform(pa.Table.from_pylist(rows), schema.SCORES) if rows else schema.SCORES.empty_table()

@@ -1,0 +1,87 @@
+"""The Ray actor that owns a target's card(s): it resolves the model on its own node, builds the
+engine inside its own process, and serves calls until the driver shuts it down.
+
+It holds no Ray import at module level: the driver wraps it with
+`ray.remote(TargetActor).options(...)`, naming it by "module:Class" string, so the same class
+runs in tests without a cluster. Capability calls check the engine against the Protocol of the
+capability the backend declares (fleet/contracts/engine.py) instead of probing for methods.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from actors import engine_class
+from fleet.contracts.engine import ProbesLayers, ProbesLogits, ResolvedModel, RunsPerf, Smokes
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from fleet.contracts.engine import Generation, PerfResult, Positions
+    from fleet.contracts.prompts import Prompt
+    from fleet.contracts.spec import ModelSpec, Sampling, Scenario, Shard
+    from fleet.contracts.targets import Capability, TargetArgs
+
+
+class TargetActor:
+    def __init__(self, target: TargetArgs, model: ModelSpec, sampling: Sampling) -> None:
+        from actors.devices import pin_visible_devices
+        from actors.sources import resolver, weights_digest
+
+        pin_visible_devices(target.device)  # before any engine import touches the device
+        self.target = target
+        source = resolver(model.source)
+        path = source.local_dir()
+        self.model = ResolvedModel(model, path, weights_digest(path), source.resolved_revision())
+        self.engine = engine_class(target.kind)(target, self.model, sampling=sampling)
+
+    def generate(self, shard: Shard) -> Generation:
+        return self.engine.generate(shard)
+
+    def score(self, requests: pa.Table, *, k: int) -> pa.Table:
+        return self.engine.score(requests, k=k)
+
+    def describe(self) -> dict[str, str]:
+        """Provenance: the engine's environment plus exactly which weights it loaded, and where."""
+        import json
+        import os
+
+        import ray
+
+        m = self.model
+        return self.engine.describe() | {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "accelerator_ids": json.dumps(ray.get_runtime_context().get_accelerator_ids()),
+            "pid": str(os.getpid()),
+            "model_dir": str(m.path),
+            "weights_sha256": m.weights,
+            "source": m.spec.source.model_dump_json(),
+            "revision": m.revision or "",
+        }
+
+    def perf(self, scenario: Scenario, level: int, prompts: list[Prompt] | None) -> PerfResult:
+        return self._capable("perf", RunsPerf).perf(scenario, level, prompts)
+
+    def probe_logits(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions) -> pa.Table:
+        return self._capable("probe_logits", ProbesLogits).probe_logits(
+            prompts, prompt_set=prompt_set, positions=positions
+        )
+
+    def probe_layers(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions) -> pa.Table:
+        return self._capable("probe_layers", ProbesLayers).probe_layers(
+            prompts, prompt_set=prompt_set, positions=positions
+        )
+
+    def smoke(self) -> pa.Table:
+        return self._capable("smoke", Smokes).smoke()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def _capable(self, capability: Capability, protocol: Any) -> Any:
+        """The engine as `protocol`, when its backend declares `capability` (the registry test
+        checks that every declared capability is implemented)."""
+        if not self.target.can(capability) or not isinstance(self.engine, protocol):
+            msg = f"{self.target.kind!r} targets do not declare the {capability!r} capability"
+            raise TypeError(msg)
+        return self.engine

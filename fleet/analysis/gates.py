@@ -1,0 +1,174 @@
+"""Pass/fail gates: thresholds on a run's metrics, applied per model x candidate target.
+
+A gate names one metric (a column of analysis.parity or analysis.throughput, or of a probe table
+registered in METRICS), an operator and a threshold, e.g. `pearson_r >= 0.99`. With `baseline`,
+the threshold is a factor of a stored value: `output_tok_s >= 0.95 x 948.3`. Every verdict row
+says what was measured, against what, and `evidence`: a Polars expression that reads the stored
+rows the metric was computed from, so a FAIL can be checked by hand. A metric that could not be
+measured (null, NaN, or no result for the target at all) is a FAIL with a reason, never a PASS.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import yaml
+from pydantic import ValidationError
+
+from fleet.contracts.errors import UserError
+from fleet.contracts.gates import METRICS, Gate
+from fleet.results import store
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
+}
+
+VERDICT_COLUMNS = ["gate", "model", "target", "metric", "value", "op", "threshold", "baseline", "verdict", "reason"]
+
+
+def parse(raw: Any, *, source: str = "gates") -> list[Gate]:
+    """Validate a list of gate mappings (the manifest's `gates:` section or a gates file)."""
+    if isinstance(raw, dict) and set(raw) == {"gates"}:
+        raw = raw["gates"]
+    if not isinstance(raw, list):
+        msg = f"{source}: expected a list of gates ({{metric, op, threshold, ...}})"
+        raise UserError(msg)
+    gates, errors = [], []
+    for i, item in enumerate(raw):
+        try:
+            gates.append(Gate.model_validate(item))
+        except ValidationError as e:
+            errors += [f"  gates[{i}].{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()]
+    if errors:
+        raise UserError("\n".join([f"{source}: {len(errors)} error(s)", *errors]))
+    return gates
+
+
+def load(path: str | Path) -> list[Gate]:
+    """Gates from a YAML file: a list, or a mapping with one key `gates`."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        msg = f"{path}: cannot read gates: {e}"
+        raise UserError(msg) from None
+    return parse(raw, source=str(path))
+
+
+def evidence(run_dir: str | Path, metric: str, model: str, target: str, *, reference: str) -> str:
+    """A Polars expression that scans exactly the rows `metric` was computed from for model/target."""
+    table, with_reference, extra = METRICS[metric]
+    targets = [target, reference] if with_reference and target != reference else [target]
+    glob = str(store.join(run_dir, table, model, "**", "*.parquet"))
+    conditions = [f'(pl.col("model") == {json.dumps(model)})', f'pl.col("target").is_in({json.dumps(targets)})']
+    conditions += [f"({extra})"] if extra else []
+    return f"pl.scan_parquet({json.dumps(glob)}, hive_partitioning=False).filter({' & '.join(conditions)})"
+
+
+def evaluate(
+    gates: Sequence[Gate],
+    parity_df: pl.DataFrame,
+    throughput_df: pl.DataFrame,
+    *,
+    run_dir: str | Path,
+    reference: str,
+    expected: Iterable[tuple[str, str]] = (),
+    extra: Sequence[pl.DataFrame] = (),
+) -> pl.DataFrame:
+    """One verdict row per gate x selected (model, target), columns VERDICT_COLUMNS + evidence.
+
+    Selected pairs are those with any result (or listed in `expected`, e.g. the manifest's models x
+    targets, so a target that failed outright is a FAIL rather than absent), minus the reference
+    unless a gate names it. `extra` holds probe frames keyed by model/target with metric columns.
+    """
+    measured: dict[tuple[str, str, str], Any] = {}
+    for frame in (parity_df, throughput_df, *extra):
+        for row in frame.iter_rows(named=True):
+            for metric, value in row.items():
+                measured.setdefault((row["model"], row["target"], metric), value)
+    with_results = {(m, t) for m, t, _ in measured}
+    pairs = sorted(with_results | set(expected))
+    rows = []
+    for gate in gates:
+        for model, target in _selected(gate, pairs, reference):
+            value = measured.get((model, target, gate.metric))
+            rows.append(_verdict(gate, model, target, value, (model, target) in with_results))
+            rows[-1]["evidence"] = evidence(run_dir, gate.metric, model, target, reference=reference)
+    schema = {c: pl.Float64 if c in ("value", "threshold", "baseline") else pl.String for c in VERDICT_COLUMNS}
+    return pl.DataFrame(rows, schema={**schema, "evidence": pl.String})
+
+
+def _selected(gate: Gate, pairs: list[tuple[str, str]], reference: str) -> list[tuple[str, str]]:
+    models = gate.models or sorted({m for m, _ in pairs})
+    if not models:  # nothing ran and nothing was expected: a gate with nothing to check fails
+        return [("*", "*")]
+    if gate.targets is not None:  # named targets are checked even when they have no results
+        return [(m, t) for m in models for t in gate.targets]
+    selected = [(m, t) for m, t in pairs if m in models and t != reference]
+    # A named model with no candidate results must not pass by having nothing to check.
+    return selected + [(m, "*") for m in models if m not in {s[0] for s in selected}]
+
+
+def _verdict(gate: Gate, model: str, target: str, value: Any, has_results: bool) -> dict[str, Any]:
+    threshold, baseline = gate.bound(model, target)
+    row: dict[str, Any] = {"gate": gate.label, "model": model, "target": target, "metric": gate.metric, "op": gate.op}
+    row |= {"threshold": threshold, "baseline": baseline, "value": None, "verdict": "FAIL"}
+    if not has_results:
+        return row | {"reason": "no results for this model/target (failed, not run, or misspelt)"}
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return row | {"reason": f"{gate.metric} not measured (null or NaN) for this model/target"}
+    value = float(value)
+    if threshold is None:
+        return row | {"value": value, "reason": f"no baseline for {model}/{target}"}
+    passed = _OPS[gate.op](value, threshold)
+    return row | {
+        "value": value,
+        "verdict": "PASS" if passed else "FAIL",
+        "reason": f"{value:.6g} {gate.op} {threshold:.6g} is {'true' if passed else 'false'}",
+    }
+
+
+def passed(verdicts: pl.DataFrame) -> bool:
+    """True iff every verdict is PASS (and so also when there are no gates)."""
+    return bool((verdicts["verdict"] == "PASS").all()) if verdicts.height else True
+
+
+def render(verdicts: pl.DataFrame, *, evidence_column: bool = True) -> str:
+    """The verdicts as a Markdown table, FAILs first, then a one-line summary."""
+    frame = verdicts.sort(pl.col("verdict") != "FAIL", "model", "target", "gate", maintain_order=True)
+    columns = [c for c in (*VERDICT_COLUMNS, "evidence") if c != "evidence" or evidence_column]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in frame.iter_rows(named=True):
+        cells = [_cell(row[c]) for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    n_fail = int((verdicts["verdict"] == "FAIL").sum()) if verdicts.height else 0
+    lines.append(f"\ngates: {verdicts.height - n_fail} PASS, {n_fail} FAIL")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return text.replace("|", "\\|")
+
+
+def from_info(info: Mapping[str, Any]) -> list[Gate]:
+    """The gates recorded in run.json (the validated manifest's `gates:` section), if any."""
+    return parse((info.get("manifest_resolved") or {}).get("gates") or [], source="run.json gates")
+
+
+def expected_pairs(info: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every (model, target) the run's manifest asked for, from run.json; a failed one still counts."""
+    manifest = info.get("manifest_resolved") or {}
+    models = [m["name"] for m in manifest.get("models", [])]
+    return [(m, t["name"]) for m in models for t in manifest.get("targets", [])]

@@ -1,0 +1,304 @@
+"""Parity and throughput metrics over one run's result tables (Polars only: no torch, no engine).
+
+A run holds, per model, several targets' greedy generations of the same prompts. One target is
+the *reference* (the float32 HF run); every other target is a *candidate* compared against it on
+the same (model, prompt_set, prompt_id). There are two kinds of comparison:
+
+* Free-running: each target continues from its own output, so once two sequences diverge their
+  contexts differ and later positions compare distributions over different prefixes.
+  `first_step` (position 0: the context is the prompt for both), `sequences` (exact match,
+  token-by-position match, first divergence) and the logprob Pearson r / MAE over the common
+  prefix are of this kind.
+* Teacher-forced: the reference re-scored every candidate token given the candidate's own prefix
+  (the `ref_*` columns on candidate token rows; null on the reference's rows). The context is
+  the same at every position, so these metrics (`tf_*` in `parity`, `kl_topk`) measure numerical
+  drift without the noise that one early divergence adds to everything after it.
+
+The free-running metrics follow the adaptation reports' accuracy sections (first-step top-1
+agreement, logprob difference, probability relative error |P_cand - P_ref| / P_ref, sequence
+exact-match rate, token-by-position match rate such as 97/120, Pearson r and MAE of logprobs on
+matched tokens). `parity` condenses everything to one row per (model, candidate target);
+`throughput` is the performance side. Every function takes DataFrames or LazyFrames with the
+columns of fleet.schema and returns a DataFrame; logprobs are float32 on disk and are widened to
+float64 before any arithmetic.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+Frame = pl.DataFrame | pl.LazyFrame
+
+_PROMPT = ["model", "prompt_set", "prompt_id"]  # identifies a prompt within a model
+_CAND = ["model", "target", "prompt_set", "prompt_id"]  # ... and the candidate answering it
+_RUN = ["model", "target"]
+# Keeps log(tail) finite when the top-k holds all the mass (or upper-bounded p_c sum past 1).
+# float32 logprobs leave ~1e-7 of noise in 1 - sum(p), so tails that small mean "none" anyway.
+_TAIL_FLOOR = 1e-12
+_F64 = pl.Float64
+
+
+def _split(frame: Frame, reference: str) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """(reference rows, candidate rows); a misspelt reference would otherwise give empty results."""
+    lazy = frame.lazy()
+    targets = lazy.select(pl.col("target").unique()).collect().to_series().to_list()
+    if targets and reference not in targets:
+        msg = f"reference target {reference!r} not among targets {sorted(targets)}"
+        raise ValueError(msg)
+    is_ref = pl.col("target") == reference
+    return lazy.filter(is_ref), lazy.filter(~is_ref)
+
+
+def first_step(tokens: Frame, reference: str) -> pl.DataFrame:
+    """Per candidate prompt at position 0: logprob_diff = |cand_lp - ref_lp|, rel_err = |p_cand - p_ref| / p_ref.
+
+    cand_lp = cand_logprob; ref_lp = ref_logprob_of_cand (see below); p = exp(logprob).
+    Output: model, target, prompt_set, prompt_id, cand_token_id, cand_logprob, ref_token_id,
+    ref_logprob (the reference's own first token and its logprob), top1_match, ref_logprob_of_cand,
+    logprob_diff, p_ref, p_cand, rel_err. Prompts without a position-0 row on either side are left out.
+    """
+    ref, cand = _split(tokens, reference)
+    at0 = pl.col("position") == 0
+    ref0 = ref.filter(at0).select(*_PROMPT, ref_token_id="token_id", ref_logprob=pl.col("logprob").cast(_F64))
+    cand0 = cand.filter(at0).select(
+        *_CAND,
+        cand_token_id="token_id",
+        cand_logprob=pl.col("logprob").cast(_F64),
+        _tf_logprob=pl.col("ref_logprob").cast(_F64),
+    )
+    match = pl.col("cand_token_id") == pl.col("ref_token_id")
+    # Same token: the reference's own logprob. Different token: the reference's (teacher-forced)
+    # logprob of the candidate's token, so p_ref and p_cand always describe the same event.
+    ref_of_cand = pl.when(match).then(pl.col("ref_logprob")).otherwise(pl.col("_tf_logprob"))
+    return (
+        cand0.join(ref0, on=_PROMPT, how="inner")
+        .with_columns(top1_match=match, ref_logprob_of_cand=ref_of_cand)
+        .with_columns(
+            logprob_diff=(pl.col("cand_logprob") - pl.col("ref_logprob_of_cand")).abs(),
+            p_ref=pl.col("ref_logprob_of_cand").exp(),
+            p_cand=pl.col("cand_logprob").exp(),
+        )
+        .with_columns(rel_err=(pl.col("p_cand") - pl.col("p_ref")).abs() / pl.col("p_ref"))
+        .drop("_tf_logprob")
+        .sort(_CAND)
+        .collect()
+    )
+
+
+def sequences(requests: Frame, reference: str) -> pl.DataFrame:
+    """Per candidate prompt: tokens_matched = #{i : cand[i] == ref[i]}, first_divergence = min{i : cand[i] != ref[i]}.
+
+    Positions past the shorter output count as mismatches, so tokens_total = max(n_ref, n_cand)
+    and a prefix ends at the shorter length; first_divergence is null iff exact_match.
+    Output: model, target, prompt_set, prompt_id, n_ref, n_cand, exact_match, tokens_matched,
+    tokens_total, first_divergence.
+    """
+    ref, cand = _split(requests, reference)
+    # A null output (failed request) counts as an empty one: it then matches nothing.
+    ids = pl.coalesce("output_token_ids", pl.lit([], dtype=pl.List(pl.Int32)))
+    pairs = (
+        cand.select(*_CAND, _cand=ids)
+        .join(ref.select(*_PROMPT, _ref=ids), on=_PROMPT, how="inner")
+        .with_columns(n_ref=pl.col("_ref").list.len(), n_cand=pl.col("_cand").list.len())
+        .with_columns(tokens_total=pl.max_horizontal("n_ref", "n_cand"), exact_match=pl.col("_cand") == pl.col("_ref"))
+    )
+    # One row per position up to the longer output; a position past the shorter one never matches.
+    position = pl.col("position")
+    same = pl.col("_cand").list.get(position, null_on_oob=True) == pl.col("_ref").list.get(position, null_on_oob=True)
+    per_position = (
+        pairs.select(*_CAND, "_cand", "_ref", position=pl.int_ranges(0, "tokens_total"))
+        .explode("position")  # pairs of two empty outputs may vanish here; the left join restores them
+        .with_columns(same=same.fill_null(False))
+        .group_by(_CAND)
+        .agg(
+            tokens_matched=pl.col("same").sum().cast(pl.Int64),
+            first_divergence=position.filter(~pl.col("same")).min(),
+        )
+    )
+    return (
+        pairs.join(per_position, on=_CAND, how="left")
+        .with_columns(pl.col("tokens_matched").fill_null(0))
+        .select(*_CAND, "n_ref", "n_cand", "exact_match", "tokens_matched", "tokens_total", "first_divergence")
+        .sort(_CAND)
+        .collect()
+    )
+
+
+def kl_topk(tokens: Frame, reference: str) -> pl.DataFrame:
+    """Per scored candidate position: kl = sum_{i in S} p_r log(p_r / p_c) + tail_r log(tail_r / tail_c), S = ref top-k.
+
+    p_r(i) = exp(ref_topk_logprobs); p_c(i) = exp of the candidate's topk_logprobs entry for i, or,
+    when i is outside the candidate's top-k, exp(min(topk_logprobs)) (an upper bound on it);
+    tail_x = max(1 - sum_S p_x, 1e-12). This is the KL between the two distributions coarse-grained
+    to |S| + 1 outcomes, so by the data-processing inequality it is a lower bound of the true
+    KL(ref || cand) when every p_c(i) is exact; with upper-bounded p_c it is an estimate only.
+    Both distributions are at the candidate's prefix (teacher-forced), so divergence does not leak in.
+    Output: model, target, prompt_set, prompt_id, position, kl.
+    """
+    _, cand = _split(tokens, reference)
+    keys = [*_CAND, "position"]
+    # Unscored (null ref_topk) and empty-top-k rows have no distribution to compare: null > 0 drops them.
+    both_topk = (pl.col("ref_topk_ids").list.len() > 0) & (pl.col("topk_ids").list.len() > 0)
+    scored = (
+        cand.filter(both_topk)
+        .select(*keys, "topk_ids", "topk_logprobs", "ref_topk_ids", "ref_topk_logprobs")
+        .with_row_index("_row")
+    )
+    ref_long = scored.select("_row", id="ref_topk_ids", lr="ref_topk_logprobs").explode(["id", "lr"])
+    cand_long = scored.select("_row", id="topk_ids", lc="topk_logprobs").explode(["id", "lc"])
+    floor = scored.select("_row", _lc_min=pl.col("topk_logprobs").list.min())
+    lr, lc = pl.col("lr").cast(_F64), pl.coalesce("lc", "_lc_min").cast(_F64)
+    per_row = (
+        ref_long.join(cand_long, on=["_row", "id"], how="left")
+        .join(floor, on="_row")
+        .group_by("_row")
+        .agg(
+            head=(lr.exp() * (lr - lc)).sum(),
+            tail_r=(1 - lr.exp().sum()).clip(lower_bound=_TAIL_FLOOR),
+            tail_c=(1 - lc.exp().sum()).clip(lower_bound=_TAIL_FLOOR),
+        )
+        .with_columns(kl=pl.col("head") + pl.col("tail_r") * (pl.col("tail_r") / pl.col("tail_c")).log())
+    )
+    return scored.join(per_row, on="_row").select(*keys, "kl").sort(keys).collect()
+
+
+def parity(requests: Frame, tokens: Frame, reference: str) -> pl.DataFrame:
+    """One row per (model, candidate target): first_step/sequences means, prefix r/MAE, teacher-forced drift, KL.
+
+    pearson_r and mae compare cand vs ref logprobs on "matched tokens", taken as the common prefix
+    (positions < first_divergence, all positions if identical): only there are both the token and
+    its context the same, so the two logprobs score the same event. A later position that happens
+    to hold the same token has a different context and would mix divergence into the numbers.
+    pearson_r is null for fewer than two tokens or zero variance. tf_* use every scored candidate
+    position: tf_top1_agreement = mean(token_id == ref_topk_ids[0]), tf_*_abs_logprob_diff over
+    |logprob - ref_logprob|. first_divergence_mean is over diverged prompts only (null if none);
+    kl_topk_mean is the mean of kl_topk's kl. Rates are fractions in [0, 1].
+    """
+    seq = sequences(requests, reference).lazy()
+    ref_tok, cand_tok = _split(tokens, reference)
+    matched = pl.col("tokens_matched").sum()
+    total = pl.col("tokens_total").sum()
+    seq_agg = seq.group_by(_RUN).agg(
+        n_prompts=pl.len(),
+        seq_match_rate=pl.col("exact_match").mean(),
+        token_match_rate=pl.when(total > 0).then(matched / total),
+        tokens_matched=matched,
+        tokens_total=total,
+        n_diverged=pl.col("first_divergence").is_not_null().sum().cast(pl.Int64),
+        first_divergence_mean=pl.col("first_divergence").mean(),
+    )
+    first_agg = (
+        first_step(tokens, reference)
+        .lazy()
+        .group_by(_RUN)
+        .agg(
+            first_top1_agreement=pl.col("top1_match").mean(),
+            first_logprob_diff_mean=pl.col("logprob_diff").mean(),
+            first_prob_rel_err_mean=pl.col("rel_err").mean(),
+        )
+    )
+    a, b = pl.col("_cand_lp"), pl.col("_ref_lp")
+    divergence = pl.col("first_divergence")
+    prefix_agg = (
+        cand_tok.select(*_CAND, "position", _cand_lp=pl.col("logprob").cast(_F64))
+        .join(ref_tok.select(*_PROMPT, "position", _ref_lp=pl.col("logprob").cast(_F64)), on=[*_PROMPT, "position"])
+        .join(seq.select(*_CAND, "first_divergence"), on=_CAND)
+        .filter(divergence.is_null() | (pl.col("position") < divergence))
+        .group_by(_RUN)
+        .agg(pearson_r=pl.when(pl.len() >= 2).then(pl.corr(a, b)).fill_nan(None), mae=(a - b).abs().mean())
+    )
+    tf_diff = (pl.col("logprob").cast(_F64) - pl.col("ref_logprob").cast(_F64)).abs()
+    tf_agg = cand_tok.group_by(_RUN).agg(
+        tf_top1_agreement=(pl.col("token_id") == pl.col("ref_topk_ids").list.first()).mean(),
+        tf_max_abs_logprob_diff=tf_diff.max(),
+        tf_mean_abs_logprob_diff=tf_diff.mean(),
+    )
+    kl_agg = kl_topk(tokens, reference).lazy().group_by(_RUN).agg(kl_topk_mean=pl.col("kl").mean())
+    out = seq_agg
+    for part in (first_agg, prefix_agg, tf_agg, kl_agg):
+        out = out.join(part, on=_RUN, how="left")
+    return out.select(
+        *_RUN, "n_prompts",
+        "first_top1_agreement", "first_logprob_diff_mean", "first_prob_rel_err_mean",
+        "seq_match_rate", "token_match_rate", "tokens_matched", "tokens_total",
+        "pearson_r", "mae",
+        "tf_top1_agreement", "tf_max_abs_logprob_diff", "tf_mean_abs_logprob_diff",
+        "first_divergence_mean", "n_diverged", "kl_topk_mean",
+    ).sort(_RUN).collect()  # fmt: skip
+
+
+def throughput(requests: Frame, shards: Frame) -> pl.DataFrame:
+    """Per (model, target): output_tok_s = sum(n_output_tokens) / sum(wall_s) over shards; latency quantiles.
+
+    {ttft,tpot,e2e}_p{50,90,99}_s are linear-interpolated quantiles over the requests, nulls
+    skipped (tpot is null for 1-token outputs, so a target with only those gets null tpot).
+
+    Shards may run concurrently on different nodes, so output_tok_s is tokens per engine-second
+    (one engine's throughput), not the fleet's aggregate rate.
+    """
+    latencies = [
+        pl.col(f"{metric}_s").quantile(q / 100, interpolation="linear").alias(f"{metric}_p{q}_s")
+        for metric in ("ttft", "tpot", "e2e")
+        for q in (50, 90, 99)
+    ]
+    per_request = requests.lazy().group_by(_RUN).agg(*latencies, n_requests=pl.len())
+    per_shard = (
+        shards.lazy()
+        .group_by(_RUN)
+        .agg(output_tokens=pl.col("n_output_tokens").cast(pl.Int64).sum(), wall_s=pl.col("wall_s").sum())
+        .with_columns(output_tok_s=pl.when(pl.col("wall_s") > 0).then(pl.col("output_tokens") / pl.col("wall_s")))
+    )
+    return (
+        per_request.join(per_shard, on=_RUN, how="full", coalesce=True)
+        .select(
+            *_RUN, "n_requests", "output_tokens", "wall_s", "output_tok_s", *(q.meta.output_name() for q in latencies)
+        )
+        .sort(_RUN)
+        .collect()
+    )
+
+
+def accuracy(requests: Frame, reference: str) -> pl.DataFrame:
+    """Per (model, target) over prompts with an expected answer: accuracy = correct / n, in %;
+    delta_points = accuracy - the reference's accuracy on the same model (fleet.prompts.is_correct)."""
+    from fleet.contracts.prompts import is_correct
+
+    judged = (
+        requests.lazy()
+        .filter(pl.col("expected").is_not_null())
+        .with_columns(
+            correct=pl.struct("expected", "output_text").map_elements(
+                lambda r: is_correct(r["expected"], r["output_text"]), return_dtype=pl.Boolean
+            )
+        )
+    )
+    per_target = judged.group_by(_RUN).agg(
+        n_expected=pl.len(), n_correct=pl.col("correct").sum(), accuracy_pct=100 * pl.col("correct").mean()
+    )
+    ref = per_target.filter(pl.col("target") == reference).select("model", ref_accuracy_pct="accuracy_pct")
+    return (
+        per_target.join(ref, on="model", how="left")
+        .with_columns(delta_points=pl.col("accuracy_pct") - pl.col("ref_accuracy_pct"))
+        .sort(_RUN)
+        .collect()
+    )
+
+
+def answers(requests: Frame, reference: str) -> pl.DataFrame:
+    """Per candidate prompt: the reference's and the candidate's output text side by side, whether
+    the token ids match, and (where an answer is expected) whether each is correct."""
+    from fleet.contracts.prompts import is_correct
+
+    ref, cand = _split(requests, reference)
+    judge = pl.struct("expected", "output_text").map_elements(
+        lambda r: is_correct(r["expected"], r["output_text"]), return_dtype=pl.Boolean
+    )
+    ref_side = ref.select(*_PROMPT, ref_text="output_text", _ref_ids="output_token_ids", ref_correct=judge)
+    cand_side = cand.select(*_CAND, cand_text="output_text", _cand_ids="output_token_ids", cand_correct=judge)
+    return (
+        cand_side.join(ref_side, on=_PROMPT, how="inner")
+        .with_columns(match=pl.col("_cand_ids") == pl.col("_ref_ids"))
+        .drop("_cand_ids", "_ref_ids")
+        .sort(_CAND)
+        .collect()
+    )

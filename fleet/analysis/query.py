@@ -1,0 +1,135 @@
+"""SQL over one run directory, for analysts: `fleet query RUN_DIR "SELECT ..."`.
+
+Every table directory of the run is registered under its name: requests, tokens and shards (typed
+and empty when absent, so a query never fails just because a run produced no rows), plus any other
+directory of Parquet files (probe tables such as layers or logits). The metrics of fleet.analysis
+are registered too, as parity, first_step, sequences, kl_topk, throughput and perf; they are computed
+only when the query names them, since on a big run they cost a full pass over the tokens.
+Polars SQL is the dialect (https://docs.pola.rs/api/python/stable/reference/sql/).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import polars as pl
+import pyarrow.fs as pafs
+
+from fleet.analysis import parity as analysis
+from fleet.analysis import perf
+from fleet.contracts.errors import UserError
+from fleet.results import reader, store
+from fleet.results.store import RUN_JSON
+
+Tables = dict[str, pl.LazyFrame]
+# name -> how to compute it from the stored tables and the reference target's name
+DERIVED: dict[str, Callable[[Tables, str], pl.DataFrame]] = {
+    "parity": lambda t, ref: analysis.parity(t["requests"], t["tokens"], ref),
+    "first_step": lambda t, ref: analysis.first_step(t["tokens"], ref),
+    "sequences": lambda t, ref: analysis.sequences(t["requests"], ref),
+    "kl_topk": lambda t, ref: analysis.kl_topk(t["tokens"], ref),
+    "throughput": lambda t, _: analysis.throughput(t["requests"], t["shards"]),
+    "perf": lambda t, _: perf.summary(t["perf_requests"], t["perf_levels"]),
+}
+
+# Three queries the README shows; tests run them against a real run directory.
+EXAMPLES = {
+    "worst teacher-forced positions": (
+        "SELECT target, prompt_id, position, token_id, logprob, ref_logprob, "
+        "ABS(logprob - ref_logprob) AS abs_dlogp, ref_rank "
+        "FROM tokens WHERE ref_logprob IS NOT NULL ORDER BY abs_dlogp DESC LIMIT 10"
+    ),
+    # At the first divergence: how close the reference's own top-1 was to the candidate's token.
+    "where each prompt diverges": (
+        "SELECT s.target, s.prompt_id, s.first_divergence, s.tokens_matched, s.tokens_total, "
+        "t.token_id AS cand_token, t.ref_logprob AS ref_lp_of_cand, "
+        "ARRAY_GET(t.ref_topk_ids, 1) AS ref_top1, ARRAY_GET(t.ref_topk_logprobs, 1) AS ref_top1_lp "
+        "FROM sequences s LEFT JOIN tokens t ON t.model = s.model AND t.target = s.target "
+        "AND t.prompt_set = s.prompt_set AND t.prompt_id = s.prompt_id AND t.position = s.first_divergence "
+        "WHERE NOT s.exact_match ORDER BY s.target, s.first_divergence"
+    ),
+    "latency by target": (
+        "SELECT target, COUNT(*) AS requests, MEDIAN(ttft_s) * 1000 AS ttft_p50_ms, "
+        "MEDIAN(tpot_s) * 1000 AS tpot_p50_ms, QUANTILE_CONT(e2e_s, 0.9) * 1000 AS e2e_p90_ms "
+        "FROM requests GROUP BY target ORDER BY target"
+    ),
+}
+
+
+def tables(run_dir: str | Path) -> Tables:
+    """The stored tables of run_dir (a local directory or a URI) by name: the three of fleet.schema
+    plus any other Parquet directory."""
+    fs, root = store.locate(run_dir)
+    if fs.get_file_info(root).type != pafs.FileType.Directory:
+        msg = f"{run_dir}: no such run directory"
+        raise UserError(msg)
+    found = reader.load(run_dir)
+    subdirs = fs.get_file_info(pafs.FileSelector(root))
+    for sub in sorted(d.base_name for d in subdirs if d.type == pafs.FileType.Directory and d.base_name not in found):
+        files = store.parquet_files(fs, f"{root}/{sub}")
+        if files and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", sub):  # a name SQL can say unquoted
+            found[sub] = reader.scan(fs, files)
+    return found
+
+
+def _reference(run_dir: str | Path) -> str | None:
+    try:
+        return store.RunStore(run_dir).info().get("reference")
+    except FileNotFoundError:
+        return None
+
+
+def context(run_dir: str | Path, *, sql: str = "") -> pl.SQLContext[pl.LazyFrame]:
+    """A SQLContext with the run's tables, and those DERIVED tables that `sql` mentions."""
+    stored = tables(run_dir)
+    ctx: pl.SQLContext[pl.LazyFrame] = pl.SQLContext(stored)
+    reference = _reference(run_dir)
+    for name, compute in DERIVED.items():
+        if name not in stored and re.search(rf"\b{name}\b", sql, flags=re.IGNORECASE):
+            if reference is None and name not in ("throughput", "perf"):
+                msg = f"{run_dir}: table {name!r} needs the reference target, and there is no {RUN_JSON}"
+                raise UserError(msg)
+            ctx.register(name, compute(stored, reference or "").lazy())
+    return ctx
+
+
+def query(run_dir: str | Path, sql: str) -> pl.DataFrame:
+    """Run one SQL statement over the run's tables; errors name the tables and columns there are."""
+    ctx = context(run_dir, sql=sql)
+    try:
+        return ctx.execute(sql).collect()
+    except pl.exceptions.PolarsError as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = f"query failed: {first_line}\n{describe(run_dir)}"
+        raise UserError(msg) from None
+
+
+def describe(run_dir: str | Path) -> str:
+    """Each queryable table and its columns, one line each."""
+    lines = ["tables:"]
+    for name, frame in tables(run_dir).items():
+        lines.append(f"  {name}: {', '.join(frame.collect_schema().names())}")
+    lines.append(f"  computed on demand: {', '.join(DERIVED)}")
+    return "\n".join(lines)
+
+
+def render(frame: pl.DataFrame, *, fmt: str = "table") -> str:
+    """The result as an aligned text table (all rows), CSV, or JSON lines."""
+    if fmt == "csv":
+        # CSV has no list type: nested columns are written as JSON arrays.
+        nested = [c for c, t in frame.schema.items() if isinstance(t, pl.List | pl.Array | pl.Struct)]
+        return frame.with_columns(pl.col(c).map_elements(_json, return_dtype=pl.String) for c in nested).write_csv()
+    if fmt == "json":
+        return frame.write_ndjson()
+    if fmt != "table":
+        msg = f"unknown format {fmt!r}; choose table, csv or json"
+        raise ValueError(msg)
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=400, fmt_str_lengths=80, tbl_hide_dataframe_shape=True):
+        return str(frame)
+
+
+def _json(value: object) -> str:
+    return json.dumps(value.to_list() if isinstance(value, pl.Series) else value)

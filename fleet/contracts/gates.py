@@ -1,0 +1,97 @@
+"""Gate specs: a threshold on one named metric, applied per model x candidate target.
+
+The metric names are declared here with where their rows live, so a manifest or gates file can
+be validated without the analysis code; fleet/analysis/gates.py evaluates them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from fleet.contracts.base import Strict
+
+Op = Literal[">=", "<=", ">", "<"]
+# Where each metric's rows live: (table, whether the reference's rows are part of it, extra filter).
+_FIRST = ("tokens", True, 'pl.col("position") == 0')
+_SEQ = ("requests", True, "")
+_PREFIX = ("tokens", True, "")  # r and MAE pair candidate and reference rows by position
+_TF = ("tokens", False, "")  # the ref_* columns sit on the candidate's own rows
+_SHARDS = ("shards", False, "")
+_LATENCY = ("requests", False, "")
+METRICS: dict[str, tuple[str, bool, str]] = {
+    "n_prompts": _SEQ,
+    "first_top1_agreement": _FIRST,
+    "first_logprob_diff_mean": _FIRST,
+    "first_prob_rel_err_mean": _FIRST,
+    "seq_match_rate": _SEQ,
+    "token_match_rate": _SEQ,
+    "tokens_matched": _SEQ,
+    "tokens_total": _SEQ,
+    "pearson_r": _PREFIX,
+    "mae": _PREFIX,
+    "tf_top1_agreement": _TF,
+    "tf_max_abs_logprob_diff": _TF,
+    "tf_mean_abs_logprob_diff": _TF,
+    "first_divergence_mean": _SEQ,
+    "n_diverged": _SEQ,
+    "kl_topk_mean": _TF,
+    "n_requests": _LATENCY,
+    "output_tokens": _SHARDS,
+    "wall_s": _SHARDS,
+    "output_tok_s": _SHARDS,
+    **{f"{m}_p{q}_s": _LATENCY for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)},
+    # Probe metrics (issue 6), measured once their tables exist; passed to evaluate() as `extra`.
+    "task_accuracy_delta": ("requests", True, 'pl.col("expected").is_not_null()'),
+    "layer_cosine_min": ("layers", True, ""),
+    "layer_rel_l2_max": ("layers", True, ""),
+    "logits_cosine_min": ("logits", True, ""),
+    "logits_kl_max": ("logits", True, ""),
+}
+
+
+class Gate(Strict):
+    """One threshold on one metric, applied to every selected model x target."""
+
+    metric: str = Field(description="Metric name: a column of analysis.parity/throughput or a probe metric.")
+    op: Op = Field(description="Comparison, measured OP threshold: >=, <=, > or < (quote it in YAML).")
+    threshold: float = Field(description="The bound; with `baseline`, a factor applied to the baseline.")
+    baseline: float | dict[str, float] | None = Field(
+        None, description="Stored value the threshold multiplies: one number, or by 'model/target' or 'target'."
+    )
+    models: list[str] | None = Field(None, min_length=1, description="Models to check (default: all).")
+    targets: list[str] | None = Field(
+        None, min_length=1, description="Targets to check (default: every candidate; the reference only if named)."
+    )
+    name: str | None = Field(None, description="Label in the verdict table (default: 'metric op threshold').")
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, value: str) -> str:
+        if value not in METRICS:
+            msg = f"unknown metric {value!r}; known metrics: {', '.join(METRICS)}"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("threshold")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            msg = "threshold must be a finite number"
+            raise ValueError(msg)
+        return value
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.metric} {self.op} {self.threshold:g}{' x baseline' if self.baseline else ''}"
+
+    def bound(self, model: str, target: str) -> tuple[float | None, float | None]:
+        """(effective threshold, baseline used); (None, None) when the baseline has no entry for the target."""
+        if self.baseline is None:
+            return self.threshold, None
+        base = self.baseline if isinstance(self.baseline, float | int) else None
+        if isinstance(self.baseline, dict):
+            base = self.baseline.get(f"{model}/{target}", self.baseline.get(target))
+        return (None, None) if base is None else (self.threshold * base, float(base))

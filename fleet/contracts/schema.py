@@ -1,0 +1,312 @@
+"""The result tables' Arrow schemas: defined once here, used by actors, store, analysis and docs.
+
+Bump SCHEMA_VERSION when a column changes meaning, type or unit; it is written into every
+Parquet file's metadata and into run.json so a reader can refuse what it does not understand.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 2
+
+# Every table starts with these keys; together with `position` they identify a token row.
+_KEYS = [
+    pa.field("model", pa.string(), nullable=False, metadata={"doc": "model name from the manifest"}),
+    pa.field(
+        "model_weights",
+        pa.string(),
+        nullable=False,
+        metadata={"doc": "sha256 (16 hex) of the weight files the target loaded"},
+    ),
+    pa.field("target", pa.string(), nullable=False, metadata={"doc": "target name from the manifest"}),
+    pa.field("prompt_set", pa.string(), nullable=False, metadata={"doc": "prompt set name"}),
+]
+_TOPK = pa.list_(pa.int32())
+_TOPK_LP = pa.list_(pa.float32())
+
+
+def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
+    return pa.schema(fields, metadata={"fleet.table": name, "fleet.schema_version": str(SCHEMA_VERSION)})
+
+
+REQUESTS = _schema(
+    "requests",
+    [
+        *_KEYS,
+        pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+        pa.field("shard_id", pa.string(), nullable=False, metadata={"doc": "shard that produced the row"}),
+        pa.field("prompt", pa.string(), metadata={"doc": "prompt text as sent (chat: as rendered by the template)"}),
+        pa.field("messages", pa.string(), metadata={"doc": "chat messages as JSON; null for text prompts"}),
+        pa.field("expected", pa.string(), metadata={"doc": 'expected-answer rule as JSON, e.g. {"number": 4}'}),
+        pa.field("prompt_token_ids", pa.list_(pa.int32()), metadata={"doc": "prompt as the engine tokenized it"}),
+        pa.field("output_text", pa.string(), metadata={"doc": "generated text"}),
+        pa.field("output_token_ids", pa.list_(pa.int32()), metadata={"doc": "generated token ids"}),
+        pa.field("n_prompt_tokens", pa.int32(), metadata={"doc": "tokens"}),
+        pa.field("n_output_tokens", pa.int32(), metadata={"doc": "tokens"}),
+        pa.field("finish_reason", pa.string(), metadata={"doc": "'length' or 'stop'"}),
+        pa.field("queue_s", pa.float64(), metadata={"doc": "seconds from queued to scheduled (engine clock)"}),
+        pa.field("ttft_s", pa.float64(), metadata={"doc": "seconds from scheduled to first token"}),
+        pa.field("tpot_s", pa.float64(), metadata={"doc": "seconds per output token after the first; null if <2"}),
+        pa.field("e2e_s", pa.float64(), metadata={"doc": "seconds from queued to last token"}),
+    ],
+)
+
+TOKENS = _schema(
+    "tokens",
+    [
+        *_KEYS,
+        pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+        pa.field("position", pa.int32(), nullable=False, metadata={"doc": "0-based index in the output"}),
+        pa.field("token_id", pa.int32(), nullable=False, metadata={"doc": "generated token"}),
+        pa.field("logprob", pa.float32(), metadata={"doc": "this target's log-probability of token_id (nats)"}),
+        pa.field("rank", pa.int32(), metadata={"doc": "1-based rank of token_id in this target's distribution"}),
+        pa.field("topk_ids", _TOPK, metadata={"doc": "this target's top-k token ids, best first"}),
+        pa.field("topk_logprobs", _TOPK_LP, metadata={"doc": "their log-probabilities (nats)"}),
+        pa.field("ref_logprob", pa.float32(), metadata={"doc": "reference's teacher-forced logprob of token_id"}),
+        pa.field("ref_rank", pa.int32(), metadata={"doc": "1-based rank of token_id under the reference"}),
+        pa.field("ref_topk_ids", _TOPK, metadata={"doc": "reference's top-k ids at this position"}),
+        pa.field("ref_topk_logprobs", _TOPK_LP, metadata={"doc": "their log-probabilities (nats)"}),
+    ],
+)
+
+SHARDS = _schema(
+    "shards",
+    [
+        *_KEYS,
+        pa.field("shard_id", pa.string(), nullable=False, metadata={"doc": "model/target/prompt_set/chunk"}),
+        pa.field("n_requests", pa.int32(), metadata={"doc": "prompts in the shard"}),
+        pa.field("n_output_tokens", pa.int32(), metadata={"doc": "tokens generated in the shard"}),
+        pa.field("started_at", pa.timestamp("us", tz="UTC"), metadata={"doc": "when generation began"}),
+        pa.field("wall_s", pa.float64(), metadata={"doc": "seconds of generation, warm engine"}),
+        pa.field("hostname", pa.string(), metadata={"doc": "node that ran it"}),
+    ],
+)
+
+# Columns the reference fills in by teacher-forced scoring of a candidate's tokens.
+SCORE_COLUMNS = ["ref_logprob", "ref_rank", "ref_topk_ids", "ref_topk_logprobs"]
+# What score() returns: the join keys plus SCORE_COLUMNS.
+SCORES = _schema(
+    "scores",
+    [TOKENS.field("prompt_id"), TOKENS.field("position"), *(TOKENS.field(c) for c in SCORE_COLUMNS)],
+)
+
+TABLES: dict[str, pa.Schema] = {"requests": REQUESTS, "tokens": TOKENS, "shards": SHARDS}
+
+
+def all_tables() -> dict[str, pa.Schema]:
+    """Every table a run directory may hold: parity (TABLES), perf, and probe tables."""
+    return TABLES | PERF_TABLES | globals().get("PROBE_TABLES", {})
+
+
+def documented_tables() -> dict[str, pa.Schema]:
+    """Every table the README documents: the stored ones and the perf summary computed from them."""
+    return all_tables() | {"perf": PERF_SUMMARY}
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Order and cast `table`'s columns to `schema`, adding absent nullable columns as nulls."""
+    columns = []
+    for field in schema:
+        if field.name in table.column_names:
+            columns.append(table.column(field.name).cast(field.type))
+        elif field.nullable:
+            columns.append(pa.nulls(table.num_rows, field.type))
+        else:
+            msg = f"table {schema.metadata[b'fleet.table'].decode()!r} lacks required column {field.name!r}"
+            raise ValueError(msg)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _type_name(t: pa.DataType) -> str:
+    if pa.types.is_list(t):
+        return f"list<{_type_name(t.value_type)}>"
+    return {"float": "float32", "double": "float64"}.get(str(t), str(t))
+
+
+def markdown(schema: pa.Schema) -> str:
+    """The schema as a Markdown table, for the README (kept in sync by a test)."""
+    rows = ["| column | type | meaning |", "|---|---|---|"]
+    for field in schema:
+        doc = (field.metadata or {}).get(b"doc", b"").decode()
+        rows.append(f"| `{field.name}` | {_type_name(field.type)} | {doc} |")
+    return "\n".join(rows)
+
+
+def sync_readme(path: str = "README.md") -> None:
+    """Rewrite the README's schema tables (between <!-- schema:NAME --> markers) from the code."""
+    import re
+    from pathlib import Path
+
+    readme = Path(path)
+    text = readme.read_text()
+    for name, declared in documented_tables().items():
+        block = re.compile(rf"(<!-- schema:{name} -->\n).*?(<!-- /schema -->)", re.S)
+        text = block.sub(rf"\g<1>{markdown(declared)}\n\g<2>", text)
+    readme.write_text(text)
+
+
+# Performance tables (issue 4): one row per measured request, one per (scenario, level) run, one
+# per smoke check of a served target. Times are seconds; client-side ones on the load
+# generator's time.perf_counter, engine-side ones from vLLM's RequestStateStats (engine clock).
+_PERF_KEYS = [
+    *(f for f in _KEYS if f.name != "prompt_set"),
+    pa.field("scenario", pa.string(), nullable=False, metadata={"doc": "perf scenario name"}),
+    pa.field("level", pa.int32(), nullable=False, metadata={"doc": "concurrency: requests in flight at most"}),
+]
+
+PERF_REQUESTS = _schema(
+    "perf_requests",
+    [
+        *_PERF_KEYS,
+        pa.field("request_index", pa.int32(), nullable=False, metadata={"doc": "0-based, in scheduled order"}),
+        pa.field("scheduled_s", pa.float64(), metadata={"doc": "due, from level start (closed loop: a slot freed)"}),
+        pa.field("sent_s", pa.float64(), metadata={"doc": "when it was actually sent, from level start"}),
+        pa.field("queue_delay_s", pa.float64(), metadata={"doc": "sent_s - scheduled_s: load generator behind"}),
+        pa.field("ttft_s", pa.float64(), metadata={"doc": "send to first token (client)"}),
+        pa.field("tpot_s", pa.float64(), metadata={"doc": "(last - first token) / (n - 1) (client); null if <2"}),
+        pa.field("e2e_s", pa.float64(), metadata={"doc": "send to last token (client)"}),
+        pa.field("itl_s", pa.list_(pa.float64()), metadata={"doc": "n-1 inter-token gaps; a k-token chunk: k x gap/k"}),
+        pa.field("n_prompt_tokens", pa.int32(), metadata={"doc": "tokens sent"}),
+        pa.field("n_output_tokens", pa.int32(), metadata={"doc": "tokens received"}),
+        pa.field("n_chunks", pa.int32(), metadata={"doc": "stream chunks that carried tokens"}),
+        pa.field("engine_queue_s", pa.float64(), metadata={"doc": "engine: queued to scheduled"}),
+        pa.field("engine_ttft_s", pa.float64(), metadata={"doc": "engine: scheduled to first token"}),
+        pa.field("engine_tpot_s", pa.float64(), metadata={"doc": "engine: (last - first token) / (n - 1)"}),
+        pa.field("error", pa.string(), metadata={"doc": "why the request failed; null if it completed"}),
+    ],
+)
+
+PERF_LEVELS = _schema(
+    "perf_levels",
+    [
+        *_PERF_KEYS,
+        pa.field("request_rate", pa.float64(), metadata={"doc": "Poisson arrivals per second; null: closed loop"}),
+        pa.field("n_requests", pa.int32(), metadata={"doc": "measured requests (warm-up excluded)"}),
+        pa.field("n_errors", pa.int32(), metadata={"doc": "of which failed"}),
+        pa.field("started_at", pa.timestamp("us", tz="UTC"), metadata={"doc": "level start (wall clock)"}),
+        pa.field("wall_s", pa.float64(), metadata={"doc": "level start to the last request done"}),
+        pa.field("hostname", pa.string(), metadata={"doc": "node that ran the load generator"}),
+    ],
+)
+
+SMOKE = _schema(
+    "smoke",
+    [
+        *(f for f in _KEYS if f.name != "prompt_set"),
+        pa.field("check", pa.string(), nullable=False, metadata={"doc": "API route exercised"}),
+        pa.field("passed", pa.bool_(), nullable=False, metadata={"doc": "HTTP 200 with at least one token back"}),
+        pa.field("status", pa.int32(), metadata={"doc": "HTTP status; null if no response"}),
+        pa.field("latency_s", pa.float64(), metadata={"doc": "request to full response"}),
+        pa.field("response", pa.string(), metadata={"doc": "response body (truncated, secrets redacted)"}),
+        pa.field("error", pa.string(), metadata={"doc": "why it failed; null if it passed"}),
+    ],
+)
+
+# The per-level figures fleet/analysis/perf.py computes from the two tables above. Not stored:
+# computed when read (`fleet query RUN "SELECT * FROM perf"`, the reports), so it always covers
+# every stored level, resumed runs included.
+PERF_SUMMARY = _schema(
+    "perf",
+    [
+        *_PERF_KEYS,
+        pa.field("request_rate", pa.float64(), metadata={"doc": "Poisson arrivals per second; null: closed loop"}),
+        pa.field("n_requests", pa.int64(), metadata={"doc": "measured requests"}),
+        pa.field("n_completed", pa.int64(), metadata={"doc": "of which completed"}),
+        pa.field("n_errors", pa.int64(), metadata={"doc": "of which failed"}),
+        pa.field("wall_s", pa.float64(), metadata={"doc": "level wall time, seconds"}),
+        pa.field("qps", pa.float64(), metadata={"doc": "completed requests / wall_s"}),
+        pa.field("output_tok_s", pa.float64(), metadata={"doc": "output tokens / wall_s"}),
+        pa.field("total_tok_s", pa.float64(), metadata={"doc": "(prompt + output tokens) / wall_s"}),
+        pa.field("prefill_tok_s", pa.float64(), metadata={"doc": "prompt tokens / sum of TTFTs"}),
+        pa.field("ttft_mean_s", pa.float64(), metadata={"doc": "TTFT mean, seconds"}),
+        pa.field("ttft_p50_s", pa.float64(), metadata={"doc": "TTFT p50, seconds"}),
+        pa.field("ttft_p90_s", pa.float64(), metadata={"doc": "TTFT p90, seconds"}),
+        pa.field("ttft_p99_s", pa.float64(), metadata={"doc": "TTFT p99, seconds"}),
+        pa.field("tpot_mean_s", pa.float64(), metadata={"doc": "TPOT mean, seconds"}),
+        pa.field("tpot_p50_s", pa.float64(), metadata={"doc": "TPOT p50, seconds"}),
+        pa.field("tpot_p90_s", pa.float64(), metadata={"doc": "TPOT p90, seconds"}),
+        pa.field("tpot_p99_s", pa.float64(), metadata={"doc": "TPOT p99, seconds"}),
+        pa.field("itl_mean_s", pa.float64(), metadata={"doc": "ITL mean, seconds"}),
+        pa.field("itl_p50_s", pa.float64(), metadata={"doc": "ITL p50, seconds"}),
+        pa.field("itl_p90_s", pa.float64(), metadata={"doc": "ITL p90, seconds"}),
+        pa.field("itl_p99_s", pa.float64(), metadata={"doc": "ITL p99, seconds"}),
+        pa.field("e2e_mean_s", pa.float64(), metadata={"doc": "E2E mean, seconds"}),
+        pa.field("e2e_p50_s", pa.float64(), metadata={"doc": "E2E p50, seconds"}),
+        pa.field("e2e_p90_s", pa.float64(), metadata={"doc": "E2E p90, seconds"}),
+        pa.field("e2e_p99_s", pa.float64(), metadata={"doc": "E2E p99, seconds"}),
+        pa.field("queue_delay_mean_s", pa.float64(), metadata={"doc": "mean send lag behind schedule, seconds"}),
+        pa.field("queue_delay_max_s", pa.float64(), metadata={"doc": "largest send lag, seconds"}),
+        pa.field("engine_queue_mean_s", pa.float64(), metadata={"doc": "engine: mean queued to scheduled, seconds"}),
+        pa.field(
+            "engine_ttft_mean_s", pa.float64(), metadata={"doc": "engine: mean scheduled to first token, seconds"}
+        ),
+        pa.field("engine_tpot_mean_s", pa.float64(), metadata={"doc": "engine: mean TPOT, seconds"}),
+    ],
+)
+
+PERF_TABLES: dict[str, pa.Schema] = {
+    "perf_requests": PERF_REQUESTS,
+    "perf_levels": PERF_LEVELS,
+    "smoke": SMOKE,
+}
+
+
+# Probe tables (issue 6), opt-in per manifest: full-vocabulary logprobs (the Qwen2.5 report's
+# logits comparison) and hidden states after every layer (the Llama-3.2 report's layer-wise
+# comparison). The float vectors are one list<float32> per row, never one row per element;
+# analysis in fleet/probes.py. Stored under these names: gates.METRICS points at "logits"/"layers".
+_PROMPT_IDS = pa.field(
+    "prompt_token_ids", pa.list_(pa.int32()), metadata={"doc": "the prompt as this engine tokenized it"}
+)
+
+PROBE_LOGITS = _schema(
+    "logits",
+    [
+        *_KEYS,
+        pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+        pa.field(
+            "position",
+            pa.int32(),
+            nullable=False,
+            metadata={"doc": "0-based prompt position whose next-token distribution this is (last: n - 1)"},
+        ),
+        pa.field("n_prompt_tokens", pa.int32(), metadata={"doc": "tokens in the prompt"}),
+        _PROMPT_IDS,
+        pa.field(
+            "logprobs",
+            pa.list_(pa.float32()),
+            metadata={"doc": "log-softmax over the full vocabulary (nats), computed in float32; index = token id"},
+        ),
+    ],
+)
+
+PROBE_LAYERS = _schema(
+    "layers",
+    [
+        *_KEYS,
+        pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+        pa.field(
+            "layer",
+            pa.int32(),
+            nullable=False,
+            metadata={"doc": "0 = embeddings, i = output of decoder layer i (1-based), L + 1 = after the final norm"},
+        ),
+        pa.field("kind", pa.string(), metadata={"doc": "'embed', 'decoder' or 'norm'"}),
+        pa.field("n_positions", pa.int32(), metadata={"doc": "prompt positions stored (rows of `hidden`)"}),
+        pa.field("hidden_size", pa.int32(), metadata={"doc": "model width (columns of `hidden`)"}),
+        pa.field("positions", pa.list_(pa.int32()), metadata={"doc": "which prompt positions, in row order"}),
+        _PROMPT_IDS,
+        pa.field(
+            "hidden",
+            pa.list_(pa.float32()),
+            metadata={"doc": "hidden states [n_positions x hidden_size], row-major, as float32 (bf16 exactly)"},
+        ),
+    ],
+)
+
+PROBE_TABLES: dict[str, pa.Schema] = {"logits": PROBE_LOGITS, "layers": PROBE_LAYERS}
+
+
+if __name__ == "__main__":
+    sync_readme()

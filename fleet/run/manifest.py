@@ -1,0 +1,258 @@
+"""The manifest: a YAML file of models x prompt sets x targets, validated before anything runs.
+
+Every bad input becomes a ManifestError naming the file, the field path and what was expected,
+so the CLI can print one line and exit 2 without a traceback and without writing results.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
+
+from fleet.contracts.base import Name, Strict
+from fleet.contracts.errors import ManifestError
+from fleet.contracts.gates import Gate
+from fleet.contracts.prompts import Prompt
+from fleet.contracts.sources import GgufSource, PathSource
+from fleet.contracts.spec import ModelSpec, Probes, RunOptions, Sampling, Scenario, Variant
+from fleet.contracts.targets import BACKENDS, Capability, TargetArgs
+from fleet.run.matrix import expand_targets
+from fleet.run.prompt_files import expand
+
+ProbeKind = Literal["logits", "layers"]
+PROBE_KINDS: tuple[ProbeKind, ...] = ("logits", "layers")
+
+
+def probe_capability(kind: ProbeKind) -> Capability:
+    """The capability a target needs to run the `kind` probe."""
+    return "probe_logits" if kind == "logits" else "probe_layers"
+
+
+def _target_union() -> Any:
+    kinds = tuple(backend.args for backend in BACKENDS.values())
+    return Annotated[kinds[0] if len(kinds) == 1 else _union(kinds), Field(discriminator="kind")]
+
+
+def _union(types: tuple[type, ...]) -> Any:
+    result: Any = types[0]
+    for t in types[1:]:
+        result = result | t
+    return result
+
+
+if TYPE_CHECKING:
+    Target = TargetArgs
+else:  # a union over the registered args models, discriminated on `kind`
+    Target = _target_union()
+
+
+class Manifest(Strict):
+    models: list[ModelSpec] = Field(min_length=1, description="Models to evaluate.")
+    prompts: dict[Name, list[Prompt]] = Field(
+        min_length=1,
+        description="Prompt sets by name: a list of prompts, {file: prompts.jsonl} or {builtin: NAME}.",
+    )
+    targets: list[Target] = Field(min_length=1, description="Where and how each model runs.")
+    reference: str = Field(description="Name of the target the others are compared with.")
+    sampling: Sampling = Field(default_factory=Sampling, description="Decoding settings, shared by all targets.")
+    run: RunOptions = Field(default_factory=RunOptions, description="How the work is cut and dispatched.")
+    probes: Probes = Field(default_factory=Probes, description="Deep parity probes, opt-in.")
+    variants: dict[str, Variant] = Field(
+        default_factory=dict, description="Filled from targets' `matrix:` (variant name -> base and settings)."
+    )
+    perf: list[Scenario] = Field(
+        default_factory=list, description="Performance scenarios, run on every perf-capable target (actors/perf.py)."
+    )
+    gates: list[Gate] = Field(
+        default_factory=list, description="Pass/fail thresholds per model x candidate target (fleet/gates.py)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_matrix(cls, data: Any) -> Any:
+        """A target with `matrix: {key: [values]}` becomes one target per combination."""
+        if not isinstance(data, dict) or not isinstance(data.get("targets"), list):
+            return data
+        if not any(isinstance(t, dict) and "matrix" in t for t in data["targets"]):
+            return data
+        expansion = expand_targets(data["targets"])
+        variants = {n: {"base": b, "settings": expansion.settings[n]} for n, b in expansion.variants_of.items()}
+        return data | {"targets": expansion.targets, "variants": variants}
+
+    @field_validator("prompts", mode="before")
+    @classmethod
+    def _load_prompt_files(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, dict):
+            return value
+        base = (info.context or {}).get("base_dir", Path.cwd())
+        return {name: expand(name, spec, base) for name, spec in value.items()}
+
+    @field_validator("prompts")
+    @classmethod
+    def _unique_prompt_ids(cls, value: dict[str, list[Prompt]]) -> dict[str, list[Prompt]]:
+        for name, prompt_set in value.items():
+            ids = [p.id for p in prompt_set]
+            dupes = sorted({i for i in ids if ids.count(i) > 1})
+            if dupes:
+                msg = f"prompt set {name!r} has duplicate ids: {', '.join(dupes)}"
+                raise ValueError(msg)
+            if not prompt_set:
+                msg = f"prompt set {name!r} is empty"
+                raise ValueError(msg)
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Manifest:
+        for field, names in (("models", [m.name for m in self.models]), ("targets", [t.name for t in self.targets])):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                msg = f"{field}: duplicate names: {', '.join(dupes)}"
+                raise ValueError(msg)
+        names = [s.name for s in self.perf]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            msg = f"perf: duplicate scenario names: {', '.join(dupes)}"
+            raise ValueError(msg)
+        targets = {t.name: t for t in self.targets}
+        for i, scenario in enumerate(self.perf):
+            if scenario.prompt_set is not None and scenario.prompt_set not in self.prompts:
+                msg = f"perf[{i}].prompt_set: no prompt set {scenario.prompt_set!r}; sets: {', '.join(self.prompts)}"
+                raise ValueError(msg)
+            for name in scenario.targets or ():
+                if name not in targets or not targets[name].can("perf"):
+                    msg = f"perf[{i}].targets: {name!r} is not a target of a kind that runs perf scenarios"
+                    raise ValueError(msg)
+        if self.reference in targets and not targets[self.reference].parity:
+            msg = f"reference {self.reference!r} has parity: false; the reference must run the parity prompts"
+            raise ValueError(msg)
+        self._check_probes(targets)
+        for i, gate in enumerate(self.gates):
+            for field, known in (
+                ("models", {m.name for m in self.models}),
+                ("targets", {t.name for t in self.targets}),
+            ):
+                unknown = sorted(set(getattr(gate, field) or ()) - known)
+                if unknown:
+                    msg = f"gates[{i}].{field}: {', '.join(unknown)} not in the manifest's {field}"
+                    raise ValueError(msg)
+        if self.reference not in {t.name for t in self.targets}:
+            msg = (
+                f"reference {self.reference!r} names no target; targets are: {', '.join(t.name for t in self.targets)}"
+            )
+            raise ValueError(msg)
+        return self
+
+    def _check_probes(self, targets: dict[str, TargetArgs]) -> None:
+        for kind in PROBE_KINDS:
+            probe = getattr(self.probes, kind)
+            if probe is None:
+                continue
+            where, capability = f"probes.{kind}", probe_capability(kind)
+            if probe.prompt_set not in self.prompts:
+                msg = f"{where}.prompt_set: no prompt set {probe.prompt_set!r}; sets: {', '.join(self.prompts)}"
+                raise ValueError(msg)
+            able = ", ".join(k for k, b in BACKENDS.items() if capability in b.args.capabilities)
+            ref = targets.get(self.reference)
+            if ref is None:
+                continue  # reported by the reference check
+            if not ref.can(capability):
+                msg = f"{where}: the reference {self.reference!r} is a {ref.kind!r} target; "
+                msg += f"this probe runs on {able} targets"
+                raise ValueError(msg)
+            for name in probe.targets or ():
+                if name not in targets or not targets[name].can(capability):
+                    msg = f"{where}.targets: {name!r} is not a target that can run it ({able})"
+                    raise ValueError(msg)
+
+    def probed(self, kind: ProbeKind) -> list[str]:
+        """Targets the `kind` probe runs on: those named (plus the reference), else all able ones."""
+        probe = getattr(self.probes, kind)
+        if probe is None:
+            return []
+        able = [t.name for t in self.targets if t.can(probe_capability(kind))]
+        named = set(probe.targets or able) | {self.reference}
+        return [n for n in able if n in named]
+
+    def target(self, name: str) -> TargetArgs:
+        return next(t for t in self.targets if t.name == name)
+
+
+def load(path: str | Path) -> Manifest:
+    """Read and validate a manifest file; relative paths inside it are relative to the file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        msg = f"{path}: manifest file not found"
+        raise ManifestError(msg) from None
+    except yaml.YAMLError as e:
+        msg = f"{path}: not valid YAML: {e}"
+        raise ManifestError(msg) from None
+    if not isinstance(raw, dict):
+        msg = f"{path}: expected a mapping with models, prompts, targets, reference"
+        raise ManifestError(msg)
+    base_dir = path.resolve().parent
+    try:
+        manifest = TypeAdapter(Manifest).validate_python(raw, context={"base_dir": base_dir})
+    except ValidationError as e:
+        raise ManifestError(_format(path, raw, e)) from None
+    return _full_vocab_for_probes(_resolve_paths(manifest, base_dir, path))
+
+
+def _full_vocab_for_probes(manifest: Manifest) -> Manifest:
+    """Each probed target as its backend builds it for those probes (vLLM: max_logprobs=-1)."""
+    probes = {t: {k for k in PROBE_KINDS if t in manifest.probed(k)} for t in (t.name for t in manifest.targets)}
+    targets = [t.for_probes(probes[t.name]) if probes[t.name] else t for t in manifest.targets]
+    return manifest.model_copy(update={"targets": targets})
+
+
+def _resolve_paths(manifest: Manifest, base_dir: Path, path: Path) -> Manifest:
+    """Make local model paths absolute (relative to the manifest file) and check path sources."""
+    models = []
+    for i, model in enumerate(manifest.models):
+        source = model.source
+        if isinstance(source, PathSource | GgufSource) and source.path is not None:
+            source = source.model_copy(update={"path": (base_dir / source.path).resolve()})
+        if isinstance(source, PathSource) and not (source.path / "config.json").is_file():
+            msg = f"{path}: models[{i}].source.path: {source.path} is not a model directory (no config.json)"
+            raise ManifestError(msg)
+        models.append(model.model_copy(update={"source": source}))
+    return manifest.model_copy(update={"models": models})
+
+
+def _format(path: Path, raw: Any, error: ValidationError) -> str:
+    lines = [f"{path}: {error.error_count()} error(s)"]
+    for err in error.errors(include_url=False):
+        loc, msg = _field_path(raw, err["loc"]), err["msg"].removeprefix("Value error, ")
+        if err["type"] == "union_tag_invalid":
+            loc, msg = f"{loc}.kind", f"unknown kind {err['input'].get('kind')!r}; known kinds: {_known(err)}"
+        elif err["type"] == "extra_forbidden":
+            msg = f"unknown key {_last_key(err['loc'])!r} (a typo? extra keys are not allowed)"
+        elif err["type"] not in ("missing", "value_error"):
+            msg += f" (got {err['input']!r})"
+        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
+    return "\n".join(lines)
+
+
+def _known(err: Any) -> str:
+    return str((err.get("ctx") or {}).get("expected_tags", ", ".join(BACKENDS))).replace("'", "")
+
+
+def _last_key(loc: tuple[int | str, ...]) -> str:
+    return str(loc[-1]) if loc else ""
+
+
+def _field_path(raw: Any, loc: tuple[int | str, ...]) -> str:
+    """`targets[1].dtype`: the location as the user wrote it, without pydantic's union tags."""
+    out, node = "", raw
+    for part in loc:
+        if isinstance(node, dict) and part not in node and node.get("kind") == part:
+            continue  # the discriminator value pydantic inserts, not a field the user wrote
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            node = None
+    return out

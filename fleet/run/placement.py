@@ -1,0 +1,56 @@
+"""Resource arithmetic for placement: what a target's actor holds, what a model holds while it
+runs, and whether a cluster can ever run a manifest (checked before anything starts)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleet.contracts.targets import TargetArgs
+    from fleet.run.manifest import Manifest
+
+
+def need(target: TargetArgs) -> dict[str, float]:
+    """The Ray resources one actor of `target` holds, flattened to cluster_resources() keys."""
+    options = target.ray_resources()
+    flat = {"CPU": options.get("num_cpus", 0.0), "GPU": options.get("num_gpus", 0.0)} | options.get("resources", {})
+    return {k: float(v) for k, v in flat.items() if v}
+
+
+def add(*needs: dict[str, float]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for n in needs:
+        for k, v in n.items():
+            total[k] = total.get(k, 0.0) + v
+    return total
+
+
+def fits(want: dict[str, float], have: dict[str, float]) -> bool:
+    return all(have.get(k, 0.0) >= v - 1e-9 for k, v in want.items())
+
+
+def footprint(manifest: Manifest, cluster: dict[str, float]) -> dict[str, float]:
+    """What one model holds while it runs: every target at once when the cluster could ever fit
+    that, else the reference plus the largest candidate (candidates then take turns)."""
+    ref = manifest.target(manifest.reference)
+    everything = add(*(need(t) for t in manifest.targets))
+    if fits(everything, cluster):
+        return everything
+    pairs = [add(need(ref), need(t)) for t in manifest.targets if t.name != ref.name] or [need(ref)]
+    return {k: max(p.get(k, 0.0) for p in pairs) for k in set().union(*pairs)}
+
+
+def check_fits(manifest: Manifest, cluster: dict[str, float], nodes: list[dict[str, float]] | None = None) -> None:
+    """Fail before anything starts when a target's cards are not on any one node, or the
+    reference and a candidate cannot hold cards at once: the reference stays up to score every
+    candidate, so anything less would wait forever. (This cluster does not autoscale for us.)"""
+    for target in manifest.targets:
+        if nodes is not None and not any(fits(need(target), node) for node in nodes):
+            msg = f"target {target.name!r} needs {need(target)} on one node; no node has that"
+            raise RuntimeError(msg)
+    want = footprint(manifest, cluster)
+    if not fits(want, cluster):
+        short = {k: v for k, v in want.items() if cluster.get(k, 0.0) < v}
+        have = {k: cluster.get(k, 0.0) for k in short}
+        msg = f"a model needs {short} at once (reference + largest candidate); the cluster has {have}"
+        raise RuntimeError(msg)

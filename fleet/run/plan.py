@@ -1,0 +1,56 @@
+"""Expanding a manifest into shards: model x target x prompt-set chunk, the unit of work.
+
+A shard is what one actor generates in one call, what is retried when an actor dies, and what
+is written as one Parquet file per table, so its id is stable across runs of one manifest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fleet.contracts.spec import Shard
+from fleet.run.manifest import Manifest
+
+if TYPE_CHECKING:
+    from fleet.contracts.spec import Scenario
+
+
+def plan(manifest: Manifest) -> list[Shard]:
+    """All shards, grouped by model; within a model the reference's shards come first."""
+    targets = sorted((t for t in manifest.targets if t.parity), key=lambda t: t.name != manifest.reference)
+    size = manifest.run.shard_size
+    return [
+        Shard(model.name, target.name, set_name, i // size, tuple(prompts[i : i + size]))
+        for model in manifest.models
+        for target in targets
+        for set_name, prompts in manifest.prompts.items()
+        for i in range(0, len(prompts), size)
+    ]
+
+
+@dataclass(frozen=True)
+class PerfRun:
+    """One level of one perf scenario on one model x target: one call, one perf_levels row."""
+
+    model: str
+    target: str
+    scenario: Scenario
+    level: int
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.model}/{self.target}/{self.scenario.name}/{self.level:05d}"
+
+
+def plan_perf(manifest: Manifest) -> list[PerfRun]:
+    """Every scenario x level on every perf-capable target it applies to, per model."""
+    return [
+        PerfRun(model.name, target.name, scenario, level)
+        for model in manifest.models
+        for target in manifest.targets
+        if target.can("perf")
+        for scenario in manifest.perf
+        if scenario.targets is None or target.name in scenario.targets
+        for level in scenario.concurrency
+    ]

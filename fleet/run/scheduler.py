@@ -1,0 +1,324 @@
+"""Dispatching shards to card actors, surviving their faults, and gathering Arrow tables.
+
+Per model there is one actor per target (a `Slot`, fleet/slots.py), fed one call at a time so
+that a timeout names exactly one shard. Every target generates its shards; each candidate shard is then scored
+by the reference actor (teacher forcing) and written with the reference's columns joined on.
+
+Models run concurrently: a model is admitted when the cluster has room for its footprint (all
+its targets at once if the cluster could ever hold them, else the reference plus the largest
+candidate, with candidates taking turns). The reference stays up until every candidate shard is
+scored; a candidate's actor is released as soon as its shards are generated.
+
+Faults: a call that fails or outlives its timeout gets its actor replaced (engine processes go
+with it) and the shard retried, up to `run.max_attempts`; then the shard is recorded as failed
+and the run goes on. A target whose actor cannot start fails as a whole.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from fleet.contracts import schema
+from fleet.results.store import now
+from fleet.run.placement import fits, footprint
+from fleet.run.slots import ModelRun, Work, runs_alone
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from tqdm import tqdm
+
+    from fleet.contracts.engine import Generation
+    from fleet.contracts.spec import Shard
+    from fleet.results.store import RunStore
+    from fleet.run.manifest import Manifest
+    from fleet.run.plan import PerfRun
+
+
+@dataclass
+class Outcome:
+    """What the run learnt besides rows: provenance, failed targets, failed shards, retries."""
+
+    provenance: dict[str, dict[str, str]] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)  # "model/target" -> reason
+    failed_shards: dict[str, str] = field(default_factory=dict)  # shard id -> reason
+    retries: int = 0
+    timeline: dict[str, dict[str, str]] = field(default_factory=dict)  # model -> admitted_at, finished_at
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.failures or self.failed_shards)
+
+
+def execute(
+    manifest: Manifest,
+    shards: list[Shard],
+    perf: list[PerfRun],
+    store: RunStore,
+    bar: tqdm[Any],
+    *,
+    cluster: dict[str, float],
+    probes: Sequence[str] = (),
+) -> Outcome:
+    """Run every shard, probe ("model/target/kind") and perf level (retrying faults), write what
+    they produce; returns what failed."""
+    return _Loop(manifest, shards, perf, list(probes), store, bar, cluster).run()
+
+
+class _Loop:
+    def __init__(
+        self,
+        manifest: Manifest,
+        shards: list[Shard],
+        perf: list[PerfRun],
+        probes: list[str],
+        store: RunStore,
+        bar: tqdm[Any],
+        cluster: dict[str, float],
+    ) -> None:
+        self.manifest, self.store, self.bar, self.outcome = manifest, store, bar, Outcome()
+        reservation = footprint(manifest, cluster)
+        self.reservation = reservation
+        self.free = dict(cluster)
+        self.waiting = deque(
+            ModelRun(
+                m,
+                [s for s in shards if s.model == m.name],
+                [p for p in perf if p.model == m.name],
+                [p for p in probes if p.startswith(f"{m.name}/")],
+                manifest,
+                reservation=reservation,
+            )
+            for m in manifest.models
+            if any(s.model == m.name for s in shards)
+            or any(p.model == m.name for p in perf)
+            or any(p.startswith(f"{m.name}/") for p in probes)
+        )
+        self.active: list[ModelRun] = []
+        self.calls: dict[Any, tuple[ModelRun, str]] = {}
+        self.writer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fleet-write")
+        self.writes: list[Future[None]] = []
+
+    def run(self) -> Outcome:
+        import ray
+
+        try:
+            while self.waiting or self.active:
+                self._admit()
+                self._submit()
+                if not self.calls:  # nothing in flight: every active model must have finished
+                    self._retire()
+                    if self.active:
+                        msg = f"scheduler stalled with {[r.model.name for r in self.active]} unfinished"
+                        raise RuntimeError(msg)
+                    continue
+                deadline = min(run.slots[name].current[2] for run, name in self.calls.values())  # type: ignore[index]
+                wait = None if deadline == math.inf else max(0.0, deadline - time.monotonic())
+                done, _ = ray.wait(list(self.calls), num_returns=1, timeout=wait)
+                if done:
+                    self._handle(done[0])
+                else:
+                    self._expire()
+                self._retire()
+        finally:
+            for run in self.active:
+                for slot in run.slots.values():
+                    slot.stop()
+            self.writer.shutdown(wait=True)
+        for done in self.writes:
+            done.result()  # a failed write (disk full, bucket gone) fails the run, not silently
+        return self.outcome
+
+    def _submit(self) -> None:
+        """Send each idle actor its next call, except around a CPU perf level, which runs alone:
+        while one waits, nothing new starts; once the calls in flight drain, it runs by itself."""
+        slots = [(run, name, slot) for run in self.active for name, slot in run.slots.items() if slot.handle]
+        if any(s.current is not None and runs_alone(s.current[1], s) for *_, s in slots):
+            return
+        held = any(s.current is None and s.exclusive_next for *_, s in slots)
+        for run, name, slot in slots:
+            if slot.current is not None or not slot.queue or (held and not slot.exclusive_next):
+                continue
+            if slot.exclusive_next and self.calls:
+                continue
+            if (call := slot.submit()) is not None:
+                self.calls[call] = (run, name)
+                if slot.current is not None and runs_alone(slot.current[1], slot):
+                    return
+
+    def _admit(self) -> None:
+        while self.waiting and (not self.active or fits(self.reservation, self.free)):
+            run = self.waiting.popleft()
+            self.free = {k: self.free.get(k, 0.0) - run.reservation.get(k, 0.0) for k in self.free}
+            self.outcome.timeline[run.model.name] = {"admitted_at": now()}
+            run.start()
+            self.active.append(run)
+
+    def _retire(self) -> None:
+        for run in [r for r in self.active if r.done]:
+            self.active.remove(run)
+            self.free = {k: v + run.reservation.get(k, 0.0) for k, v in self.free.items()}
+            self.outcome.timeline[run.model.name]["finished_at"] = now()
+
+    def _expire(self) -> None:
+        """A call past its deadline: kill the actor; the call then fails and takes the retry path."""
+        import ray
+
+        now = time.monotonic()
+        for run, name in list(self.calls.values()):
+            slot = run.slots[name]
+            if slot.current is not None and slot.current[2] <= now and slot.handle is not None:
+                self.bar.write(f"timeout: {run.model.name}/{name} {slot.current[1].what}; replacing the actor")
+                ray.kill(slot.handle, no_restart=True)
+                slot.current = (slot.current[0], slot.current[1], math.inf)  # wait for the error now
+
+    def _handle(self, call: Any) -> None:
+        import ray
+
+        run, name = self.calls.pop(call)
+        slot = run.slots[name]
+        assert slot.current is not None
+        _, work, _ = slot.current
+        slot.current = None
+        try:
+            result = ray.get(call)
+        except Exception as e:  # noqa: BLE001  (any actor, engine or task error: retry or record)
+            self._failed(run, name, work, _reason(e))
+            return
+        key = f"{run.model.name}/{name}"
+        if work.what == "describe":
+            slot.alive = True
+            self.outcome.provenance[key] = result
+        elif work.what == "smoke":
+            slot.smoked = True
+            self.store.write("smoke", f"{run.model.name}/{name}/smoke/00000", result)
+            failed = [row["check"] for row in result.to_pylist() if not row["passed"]]
+            if failed:
+                self.outcome.failures.setdefault(key, f"smoke checks failed: {', '.join(failed)}")
+        elif work.what in ("logits", "layers"):
+            probe = getattr(self.manifest.probes, work.what)
+            self.store.write(work.what, f"{run.model.name}/{name}/{probe.prompt_set}/probe", result)
+        elif work.what == "perf":
+            assert work.perf is not None
+            self.store.write("perf_requests", work.perf.run_id, result.requests)
+            self.store.write("perf_levels", work.perf.run_id, result.level)
+            self.bar.update(1)
+        elif work.what == "generate":
+            assert work.shard is not None
+            gen: Generation = result
+            if _non_finite(gen.tokens):
+                self.outcome.failures.setdefault(key, f"non-finite logprobs in shard {work.shard.shard_id}")
+            ref_slot = run.slots[run.ref]
+            if name == run.ref or ref_slot.handle is None:  # no reference (left) to score with
+                self._write(gen, gen.tokens)
+            else:
+                ref_slot.queue.append(Work("score", work.shard, gen))
+        else:
+            assert work.gen is not None
+            self._write(work.gen, _join_scores(work.gen.tokens, result))
+        self._maybe_release(run, name)
+
+    def _maybe_release(self, run: ModelRun, name: str) -> None:
+        """Release a candidate once its parity work is done, the reference once all candidates'
+        scoring is done; each first runs its perf levels, so they never overlap its own parity work."""
+        if name != run.ref and run.idle(name) and name in run.running:
+            self._release_or_perf(run, name)
+        candidates_done = all(run.idle(n) for n in run.running if n != run.ref) and not run.waiting
+        if run.ref in run.running and run.idle(run.ref) and candidates_done:
+            self._release_or_perf(run, run.ref)
+
+    def _release_or_perf(self, run: ModelRun, name: str) -> None:
+        slot = run.slots[name]
+        if slot.perf_todo and slot.handle is not None:
+            slot.queue.extend(slot.perf_todo)
+            slot.perf_todo.clear()
+        else:
+            run.release(name)
+
+    def _failed(self, run: ModelRun, name: str, work: Work, reason: str) -> None:
+        slot, key = run.slots[name], f"{run.model.name}/{name}"
+        if work.what == "describe" or not slot.alive:
+            # The actor could not start (the model does not load, no such device...): the whole
+            # target fails; its candidates' rows are written unscored if it was the reference.
+            self.outcome.failures.setdefault(key, reason)
+            self.bar.write(f"FAILED {key}: {reason}")
+            for w in [work, *slot.queue, *slot.perf_todo]:
+                self._abandon(run, name, w, f"target failed: {reason}")
+            slot.queue.clear()
+            slot.perf_todo.clear()
+            run.release(name)
+            for n in list(run.running):
+                self._maybe_release(run, n)
+            return
+        slot.stop()
+        if work.attempt < self.manifest.run.max_attempts:
+            self.outcome.retries += 1
+            self.bar.write(f"retry {work.attempt + 1}/{self.manifest.run.max_attempts} {key} {work.what}: {reason}")
+            slot.queue.appendleft(replace(work, attempt=work.attempt + 1))
+        else:
+            self._abandon(run, name, work, reason)
+        if slot.queue:
+            slot.launch()
+        else:
+            run.release(name)
+        self._maybe_release(run, name)
+
+    def _abandon(self, run: ModelRun, name: str, work: Work, reason: str) -> None:
+        if work.what == "perf" and work.perf is not None:
+            self.outcome.failed_shards[work.perf.run_id] = reason
+            self.bar.update(1)
+        elif work.what == "smoke":
+            self.outcome.failures.setdefault(f"{run.model.name}/{name}", f"smoke checks: {reason}")
+        elif work.what in ("logits", "layers"):
+            self.outcome.failed_shards[f"{run.model.name}/{name}/probe-{work.what}"] = reason
+        elif work.what == "generate" and work.shard is not None:
+            self.outcome.failed_shards[work.shard.shard_id] = reason
+            self.bar.update(1)
+        elif work.what == "score" and work.gen is not None:
+            # The candidate's own rows stand; record that they lack the reference's columns.
+            self.outcome.failed_shards.setdefault(work.shard.shard_id if work.shard else "?", f"unscored: {reason}")
+            self._write(work.gen, work.gen.tokens)
+
+    def _write(self, gen: Generation, tokens: pa.Table) -> None:
+        """Write a shard's tables on a writer thread, so dispatch goes on while Parquet is encoded
+        and synced (pyarrow and fsync release the GIL); the run ends only when all are written."""
+        shard_id = gen.shard.column("shard_id")[0].as_py()
+
+        def write() -> None:
+            # The shards row goes last: its presence marks the shard complete (resume relies on that).
+            self.store.write("requests", shard_id, gen.requests)
+            self.store.write("tokens", shard_id, tokens)
+            self.store.write("shards", shard_id, gen.shard)
+            self.bar.update(1)
+
+        self.writes.append(self.writer.submit(write))
+
+
+def _non_finite(tokens: pa.Table) -> bool:
+    import pyarrow.compute as pc
+
+    lp = tokens.column("logprob")
+    return bool(len(lp)) and not pc.all(pc.is_finite(lp.fill_null(0.0))).as_py()
+
+
+def _reason(error: Exception) -> str:
+    text = [line for line in str(error).strip().splitlines() if line.strip()]
+    # Ray wraps the remote traceback; its last line is the actual error.
+    return (text[-1] if text else type(error).__name__)[:500]
+
+
+def _join_scores(tokens: pa.Table, scores: pa.Table) -> pa.Table:
+    import polars as pl
+
+    keys = ["prompt_id", "position"]
+    joined = (
+        pl.from_arrow(tokens)
+        .drop(schema.SCORE_COLUMNS)  # type: ignore[union-attr]
+        .join(pl.from_arrow(scores), on=keys, how="left", maintain_order="left")  # type: ignore[arg-type]
+    )
+    return schema.conform(joined.to_arrow(), schema.TOKENS)
