@@ -29,16 +29,16 @@ import polars as pl
 
 Frame = pl.DataFrame | pl.LazyFrame
 
-_PROMPT = ["model", "prompt_set", "prompt_id"]  # identifies a prompt within a model
-_CAND = ["model", "target", "prompt_set", "prompt_id"]  # ... and the candidate answering it
-_RUN = ["model", "target"]
+PROMPT = ["model", "prompt_set", "prompt_id"]  # identifies a prompt within a model
+CAND = ["model", "target", "prompt_set", "prompt_id"]  # ... and the candidate answering it
+RUN = ["model", "target"]
 # Keeps log(tail) finite when the top-k holds all the mass (or upper-bounded p_c sum past 1).
 # float32 logprobs leave ~1e-7 of noise in 1 - sum(p), so tails that small mean "none" anyway.
 _TAIL_FLOOR = 1e-12
 _F64 = pl.Float64
 
 
-def _split(frame: Frame, reference: str) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+def split(frame: Frame, reference: str) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     """(reference rows, candidate rows); a misspelt reference would otherwise give empty results."""
     lazy = frame.lazy()
     targets = lazy.select(pl.col("target").unique()).collect().to_series().to_list()
@@ -57,11 +57,11 @@ def first_step(tokens: Frame, reference: str) -> pl.DataFrame:
     ref_logprob (the reference's own first token and its logprob), top1_match, ref_logprob_of_cand,
     logprob_diff, p_ref, p_cand, rel_err. Prompts without a position-0 row on either side are left out.
     """
-    ref, cand = _split(tokens, reference)
+    ref, cand = split(tokens, reference)
     at0 = pl.col("position") == 0
-    ref0 = ref.filter(at0).select(*_PROMPT, ref_token_id="token_id", ref_logprob=pl.col("logprob").cast(_F64))
+    ref0 = ref.filter(at0).select(*PROMPT, ref_token_id="token_id", ref_logprob=pl.col("logprob").cast(_F64))
     cand0 = cand.filter(at0).select(
-        *_CAND,
+        *CAND,
         cand_token_id="token_id",
         cand_logprob=pl.col("logprob").cast(_F64),
         _tf_logprob=pl.col("ref_logprob").cast(_F64),
@@ -71,7 +71,7 @@ def first_step(tokens: Frame, reference: str) -> pl.DataFrame:
     # logprob of the candidate's token, so p_ref and p_cand always describe the same event.
     ref_of_cand = pl.when(match).then(pl.col("ref_logprob")).otherwise(pl.col("_tf_logprob"))
     return (
-        cand0.join(ref0, on=_PROMPT, how="inner")
+        cand0.join(ref0, on=PROMPT, how="inner")
         .with_columns(top1_match=match, ref_logprob_of_cand=ref_of_cand)
         .with_columns(
             logprob_diff=(pl.col("cand_logprob") - pl.col("ref_logprob_of_cand")).abs(),
@@ -80,7 +80,7 @@ def first_step(tokens: Frame, reference: str) -> pl.DataFrame:
         )
         .with_columns(rel_err=(pl.col("p_cand") - pl.col("p_ref")).abs() / pl.col("p_ref"))
         .drop("_tf_logprob")
-        .sort(_CAND)
+        .sort(CAND)
         .collect()
     )
 
@@ -93,12 +93,12 @@ def sequences(requests: Frame, reference: str) -> pl.DataFrame:
     Output: model, target, prompt_set, prompt_id, n_ref, n_cand, exact_match, tokens_matched,
     tokens_total, first_divergence.
     """
-    ref, cand = _split(requests, reference)
+    ref, cand = split(requests, reference)
     # A null output (failed request) counts as an empty one: it then matches nothing.
     ids = pl.coalesce("output_token_ids", pl.lit([], dtype=pl.List(pl.Int32)))
     pairs = (
-        cand.select(*_CAND, _cand=ids)
-        .join(ref.select(*_PROMPT, _ref=ids), on=_PROMPT, how="inner")
+        cand.select(*CAND, _cand=ids)
+        .join(ref.select(*PROMPT, _ref=ids), on=PROMPT, how="inner")
         .with_columns(n_ref=pl.col("_ref").list.len(), n_cand=pl.col("_cand").list.len())
         .with_columns(tokens_total=pl.max_horizontal("n_ref", "n_cand"), exact_match=pl.col("_cand") == pl.col("_ref"))
     )
@@ -106,20 +106,20 @@ def sequences(requests: Frame, reference: str) -> pl.DataFrame:
     position = pl.col("position")
     same = pl.col("_cand").list.get(position, null_on_oob=True) == pl.col("_ref").list.get(position, null_on_oob=True)
     per_position = (
-        pairs.select(*_CAND, "_cand", "_ref", position=pl.int_ranges(0, "tokens_total"))
+        pairs.select(*CAND, "_cand", "_ref", position=pl.int_ranges(0, "tokens_total"))
         .explode("position")  # pairs of two empty outputs may vanish here; the left join restores them
         .with_columns(same=same.fill_null(False))
-        .group_by(_CAND)
+        .group_by(CAND)
         .agg(
             tokens_matched=pl.col("same").sum().cast(pl.Int64),
             first_divergence=position.filter(~pl.col("same")).min(),
         )
     )
     return (
-        pairs.join(per_position, on=_CAND, how="left")
+        pairs.join(per_position, on=CAND, how="left")
         .with_columns(pl.col("tokens_matched").fill_null(0))
-        .select(*_CAND, "n_ref", "n_cand", "exact_match", "tokens_matched", "tokens_total", "first_divergence")
-        .sort(_CAND)
+        .select(*CAND, "n_ref", "n_cand", "exact_match", "tokens_matched", "tokens_total", "first_divergence")
+        .sort(CAND)
         .collect()
     )
 
@@ -135,8 +135,8 @@ def kl_topk(tokens: Frame, reference: str) -> pl.DataFrame:
     Both distributions are at the candidate's prefix (teacher-forced), so divergence does not leak in.
     Output: model, target, prompt_set, prompt_id, position, kl.
     """
-    _, cand = _split(tokens, reference)
-    keys = [*_CAND, "position"]
+    _, cand = split(tokens, reference)
+    keys = [*CAND, "position"]
     # Unscored (null ref_topk) and empty-top-k rows have no distribution to compare: null > 0 drops them.
     both_topk = (pl.col("ref_topk_ids").list.len() > 0) & (pl.col("topk_ids").list.len() > 0)
     scored = (
@@ -175,10 +175,10 @@ def parity(requests: Frame, tokens: Frame, reference: str) -> pl.DataFrame:
     kl_topk_mean is the mean of kl_topk's kl. Rates are fractions in [0, 1].
     """
     seq = sequences(requests, reference).lazy()
-    ref_tok, cand_tok = _split(tokens, reference)
+    ref_tok, cand_tok = split(tokens, reference)
     matched = pl.col("tokens_matched").sum()
     total = pl.col("tokens_total").sum()
-    seq_agg = seq.group_by(_RUN).agg(
+    seq_agg = seq.group_by(RUN).agg(
         n_prompts=pl.len(),
         seq_match_rate=pl.col("exact_match").mean(),
         token_match_rate=pl.when(total > 0).then(matched / total),
@@ -190,7 +190,7 @@ def parity(requests: Frame, tokens: Frame, reference: str) -> pl.DataFrame:
     first_agg = (
         first_step(tokens, reference)
         .lazy()
-        .group_by(_RUN)
+        .group_by(RUN)
         .agg(
             first_top1_agreement=pl.col("top1_match").mean(),
             first_logprob_diff_mean=pl.col("logprob_diff").mean(),
@@ -200,31 +200,31 @@ def parity(requests: Frame, tokens: Frame, reference: str) -> pl.DataFrame:
     a, b = pl.col("_cand_lp"), pl.col("_ref_lp")
     divergence = pl.col("first_divergence")
     prefix_agg = (
-        cand_tok.select(*_CAND, "position", _cand_lp=pl.col("logprob").cast(_F64))
-        .join(ref_tok.select(*_PROMPT, "position", _ref_lp=pl.col("logprob").cast(_F64)), on=[*_PROMPT, "position"])
-        .join(seq.select(*_CAND, "first_divergence"), on=_CAND)
+        cand_tok.select(*CAND, "position", _cand_lp=pl.col("logprob").cast(_F64))
+        .join(ref_tok.select(*PROMPT, "position", _ref_lp=pl.col("logprob").cast(_F64)), on=[*PROMPT, "position"])
+        .join(seq.select(*CAND, "first_divergence"), on=CAND)
         .filter(divergence.is_null() | (pl.col("position") < divergence))
-        .group_by(_RUN)
+        .group_by(RUN)
         .agg(pearson_r=pl.when(pl.len() >= 2).then(pl.corr(a, b)).fill_nan(None), mae=(a - b).abs().mean())
     )
     tf_diff = (pl.col("logprob").cast(_F64) - pl.col("ref_logprob").cast(_F64)).abs()
-    tf_agg = cand_tok.group_by(_RUN).agg(
+    tf_agg = cand_tok.group_by(RUN).agg(
         tf_top1_agreement=(pl.col("token_id") == pl.col("ref_topk_ids").list.first()).mean(),
         tf_max_abs_logprob_diff=tf_diff.max(),
         tf_mean_abs_logprob_diff=tf_diff.mean(),
     )
-    kl_agg = kl_topk(tokens, reference).lazy().group_by(_RUN).agg(kl_topk_mean=pl.col("kl").mean())
+    kl_agg = kl_topk(tokens, reference).lazy().group_by(RUN).agg(kl_topk_mean=pl.col("kl").mean())
     out = seq_agg
     for part in (first_agg, prefix_agg, tf_agg, kl_agg):
-        out = out.join(part, on=_RUN, how="left")
+        out = out.join(part, on=RUN, how="left")
     return out.select(
-        *_RUN, "n_prompts",
+        *RUN, "n_prompts",
         "first_top1_agreement", "first_logprob_diff_mean", "first_prob_rel_err_mean",
         "seq_match_rate", "token_match_rate", "tokens_matched", "tokens_total",
         "pearson_r", "mae",
         "tf_top1_agreement", "tf_max_abs_logprob_diff", "tf_mean_abs_logprob_diff",
         "first_divergence_mean", "n_diverged", "kl_topk_mean",
-    ).sort(_RUN).collect()  # fmt: skip
+    ).sort(RUN).collect()  # fmt: skip
 
 
 def throughput(requests: Frame, shards: Frame) -> pl.DataFrame:
@@ -241,19 +241,19 @@ def throughput(requests: Frame, shards: Frame) -> pl.DataFrame:
         for metric in ("ttft", "tpot", "e2e")
         for q in (50, 90, 99)
     ]
-    per_request = requests.lazy().group_by(_RUN).agg(*latencies, n_requests=pl.len())
+    per_request = requests.lazy().group_by(RUN).agg(*latencies, n_requests=pl.len())
     per_shard = (
         shards.lazy()
-        .group_by(_RUN)
+        .group_by(RUN)
         .agg(output_tokens=pl.col("n_output_tokens").cast(pl.Int64).sum(), wall_s=pl.col("wall_s").sum())
         .with_columns(output_tok_s=pl.when(pl.col("wall_s") > 0).then(pl.col("output_tokens") / pl.col("wall_s")))
     )
     return (
-        per_request.join(per_shard, on=_RUN, how="full", coalesce=True)
+        per_request.join(per_shard, on=RUN, how="full", coalesce=True)
         .select(
-            *_RUN, "n_requests", "output_tokens", "wall_s", "output_tok_s", *(q.meta.output_name() for q in latencies)
+            *RUN, "n_requests", "output_tokens", "wall_s", "output_tok_s", *(q.meta.output_name() for q in latencies)
         )
-        .sort(_RUN)
+        .sort(RUN)
         .collect()
     )
 
@@ -272,14 +272,14 @@ def accuracy(requests: Frame, reference: str) -> pl.DataFrame:
             )
         )
     )
-    per_target = judged.group_by(_RUN).agg(
+    per_target = judged.group_by(RUN).agg(
         n_expected=pl.len(), n_correct=pl.col("correct").sum(), accuracy_pct=100 * pl.col("correct").mean()
     )
     ref = per_target.filter(pl.col("target") == reference).select("model", ref_accuracy_pct="accuracy_pct")
     return (
         per_target.join(ref, on="model", how="left")
         .with_columns(delta_points=pl.col("accuracy_pct") - pl.col("ref_accuracy_pct"))
-        .sort(_RUN)
+        .sort(RUN)
         .collect()
     )
 
@@ -289,16 +289,16 @@ def answers(requests: Frame, reference: str) -> pl.DataFrame:
     the token ids match, and (where an answer is expected) whether each is correct."""
     from fleet.contracts.prompts import is_correct
 
-    ref, cand = _split(requests, reference)
+    ref, cand = split(requests, reference)
     judge = pl.struct("expected", "output_text").map_elements(
         lambda r: is_correct(r["expected"], r["output_text"]), return_dtype=pl.Boolean
     )
-    ref_side = ref.select(*_PROMPT, ref_text="output_text", _ref_ids="output_token_ids", ref_correct=judge)
-    cand_side = cand.select(*_CAND, cand_text="output_text", _cand_ids="output_token_ids", cand_correct=judge)
+    ref_side = ref.select(*PROMPT, ref_text="output_text", _ref_ids="output_token_ids", ref_correct=judge)
+    cand_side = cand.select(*CAND, cand_text="output_text", _cand_ids="output_token_ids", cand_correct=judge)
     return (
-        cand_side.join(ref_side, on=_PROMPT, how="inner")
+        cand_side.join(ref_side, on=PROMPT, how="inner")
         .with_columns(match=pl.col("_cand_ids") == pl.col("_ref_ids"))
         .drop("_cand_ids", "_ref_ids")
-        .sort(_CAND)
+        .sort(CAND)
         .collect()
     )

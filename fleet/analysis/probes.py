@@ -58,11 +58,9 @@ import numpy as np
 import polars as pl
 import pyarrow.compute as pc
 
-from fleet.analysis.parity import Frame, _split
+from fleet.analysis.parity import CAND, PROMPT, Frame, split
 
 REL_FLOOR = 1e-6  # |h_r| below this counts as this in the elementwise relative error
-_PROMPT = ["model", "prompt_set", "prompt_id"]
-_CAND = ["model", "target", "prompt_set", "prompt_id"]
 _CHUNK = 64  # rows converted to numpy at a time: bounds memory with 150k-entry vocabularies
 
 
@@ -166,21 +164,21 @@ def logits_errors(logits: Frame, reference: str) -> pl.DataFrame:
     same prompt token ids), cosine, nmse, max_abs_err, kl, ref_top1, cand_top1, top1_match,
     top5_match, top5_overlap (null where same_input is false).
     """
-    ref, cand = _split(logits, reference)
-    on = [*_PROMPT, "position"]
+    ref, cand = split(logits, reference)
+    on = [*PROMPT, "position"]
     pairs = (
-        cand.select(*_CAND, "position", _c="logprobs", _c_ids="prompt_token_ids")
+        cand.select(*CAND, "position", _c="logprobs", _c_ids="prompt_token_ids")
         .join(ref.select(*on, _r="logprobs", _r_ids="prompt_token_ids"), on=on, how="inner")
         .with_columns(
             same_input=(pl.col("_c_ids") == pl.col("_r_ids")) & (pl.col("_c").list.len() == pl.col("_r").list.len())
         )
         .with_columns(pl.col("same_input").fill_null(False))
-        .sort(*_CAND, "position")
+        .sort(*CAND, "position")
         .collect()
     )
     metrics = _pairwise(pairs, logits_metrics, shape=lambda row: (-1,))
     return pl.concat(
-        [pairs.select(*_CAND, "position", "same_input"), _frame(metrics, _LOGITS_METRICS)], how="horizontal"
+        [pairs.select(*CAND, "position", "same_input"), _frame(metrics, _LOGITS_METRICS)], how="horizontal"
     )
 
 
@@ -218,18 +216,18 @@ def layer_errors(layers: Frame, reference: str) -> pl.DataFrame:
     prompt token ids, positions and width), rel_l2, cosine, cosine_min, max_abs_err,
     within_0p1pct, within_0p5pct (null where same_input is false).
     """
-    ref, cand = _split(layers, reference)
-    on = [*_PROMPT, "layer"]
+    ref, cand = split(layers, reference)
+    on = [*PROMPT, "layer"]
     same = ["prompt_token_ids", "positions", "hidden_size"]
     pairs = (
-        cand.select(*_CAND, "layer", "kind", "n_positions", *same, _c="hidden")
+        cand.select(*CAND, "layer", "kind", "n_positions", *same, _c="hidden")
         .join(ref.select(*on, *same, _r="hidden"), on=on, how="inner", suffix="_ref")
         .with_columns(same_input=pl.all_horizontal(pl.col(c) == pl.col(f"{c}_ref") for c in same).fill_null(False))
-        .sort(*_CAND, "layer")
+        .sort(*CAND, "layer")
         .collect()
     )
     metrics = _pairwise(pairs, layer_metrics, shape=lambda row: (row["n_positions"], row["hidden_size"]))
-    keep = pairs.select(*_CAND, "layer", "kind", "n_positions", "same_input")
+    keep = pairs.select(*CAND, "layer", "kind", "n_positions", "same_input")
     return pl.concat([keep, _frame(metrics, _LAYER_METRICS)], how="horizontal")
 
 

@@ -3,7 +3,7 @@
 Every table directory of the run is registered under its name: requests, tokens and shards (typed
 and empty when absent, so a query never fails just because a run produced no rows), plus any other
 directory of Parquet files (probe tables such as layers or logits). The metrics of fleet.analysis
-are registered too, as parity, first_step, sequences, kl_topk, throughput and perf; they are computed
+are registered too, as parity, first_step, sequences, kl_topk, divergences, throughput and perf; they are computed
 only when the query names them, since on a big run they cost a full pass over the tokens.
 Polars SQL is the dialect (https://docs.pola.rs/api/python/stable/reference/sql/).
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 import polars as pl
 import pyarrow.fs as pafs
 
+from fleet.analysis import divergence, perf
 from fleet.analysis import parity as analysis
-from fleet.analysis import perf
 from fleet.contracts.errors import UserError
 from fleet.results import reader, store
 from fleet.results.store import RUN_JSON
@@ -33,6 +33,7 @@ DERIVED: dict[str, Callable[[Tables, str], pl.DataFrame]] = {
     "kl_topk": lambda t, ref: analysis.kl_topk(t["tokens"], ref),
     "throughput": lambda t, _: analysis.throughput(t["requests"], t["shards"]),
     "perf": lambda t, _: perf.summary(t["perf_requests"], t["perf_levels"]),
+    "divergences": lambda t, ref: divergence.divergences(t["requests"], t["tokens"], ref),
 }
 
 # Three queries the README shows; tests run them against a real run directory.

@@ -38,6 +38,13 @@ METRICS: dict[str, tuple[str, bool, str]] = {
     "first_divergence_mean": _SEQ,
     "n_diverged": _SEQ,
     "kl_topk_mean": _TF,
+    # Near ties vs real divergences (fleet/analysis/divergence.py): free-running rows plus the
+    # teacher-forced columns at the divergence.
+    "near_ties": _PREFIX,
+    "real_divergences": _PREFIX,
+    "first_top1_agreement_excl_ties": _PREFIX,
+    "seq_match_rate_excl_ties": _PREFIX,
+    "tf_p99_abs_logprob_diff": _TF,
     "n_requests": _LATENCY,
     "output_tokens": _SHARDS,
     "wall_s": _SHARDS,

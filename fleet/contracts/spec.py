@@ -39,6 +39,18 @@ class RunOptions(Strict):
     max_attempts: int = Field(3, ge=1, description="Tries per shard before it is recorded as failed.")
 
 
+class ParityOptions(Strict):
+    """How the parity verdicts read the numbers (fleet/analysis/divergence.py)."""
+
+    near_tie_nats: float | None = Field(
+        None,
+        ge=0,
+        le=10,
+        description="A first divergence whose reference margin is within this many nats (and whose tokens are "
+        "in each other's top-k) is a near tie; unset: each candidate's p99 teacher-forced |dlogp|.",
+    )
+
+
 class Probe(Strict):
     """An opt-in probe on one prompt set (it costs more than sampled-token logprobs)."""
 

@@ -17,7 +17,7 @@ from fleet.contracts.errors import ManifestError
 from fleet.contracts.gates import Gate
 from fleet.contracts.prompts import Prompt
 from fleet.contracts.sources import GgufSource, PathSource
-from fleet.contracts.spec import ModelSpec, Probes, RunOptions, Sampling, Scenario, Variant
+from fleet.contracts.spec import ModelSpec, ParityOptions, Probes, RunOptions, Sampling, Scenario, Variant
 from fleet.contracts.targets import BACKENDS, Capability, TargetArgs
 from fleet.run.matrix import expand_targets
 from fleet.run.prompt_files import expand
@@ -59,6 +59,7 @@ class Manifest(Strict):
     reference: str = Field(description="Name of the target the others are compared with.")
     sampling: Sampling = Field(default_factory=Sampling, description="Decoding settings, shared by all targets.")
     run: RunOptions = Field(default_factory=RunOptions, description="How the work is cut and dispatched.")
+    parity: ParityOptions = Field(default_factory=ParityOptions, description="How parity verdicts are read.")
     probes: Probes = Field(default_factory=Probes, description="Deep parity probes, opt-in.")
     variants: dict[str, Variant] = Field(
         default_factory=dict, description="Filled from targets' `matrix:` (variant name -> base and settings)."

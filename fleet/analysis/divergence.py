@@ -1,0 +1,130 @@
+"""Where a candidate leaves the reference's greedy path, and whether that is a real divergence.
+
+Greedy decoding turns any numerical difference at a near tie into a different token: when the
+reference's own top two candidates are 0.01 nats apart, bfloat16 noise of 0.1 nats flips the
+choice on one machine and not on the next. A verdict that counts such flips is not stable across
+machines. So every first divergence is classified:
+
+* **near tie**: the reference's margin between its own top-1 and the candidate's token (both
+  teacher-forced at the candidate's prefix, which up to the divergence is the common prefix) is
+  within the candidate's noise, AND the candidate's token is in the reference's top-k AND the
+  reference's token is in the candidate's top-k (vLLM's own HF-vs-vLLM test criterion);
+* **divergence** otherwise (including an output that simply ends early).
+
+The noise is `near_tie_nats` when the manifest sets it (`parity: {near_tie_nats: ...}`), else the
+candidate's own p99 of teacher-forced |dlogp| over all its scored positions: the size of the
+numerical difference this candidate shows where the context is identical.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from fleet.analysis.parity import CAND, RUN, Frame, sequences, split
+
+_F64 = pl.Float64
+NOISE_QUANTILE = 0.99
+COLUMNS = [
+    "first_divergence", "cand_token", "ref_token", "ref_margin", "noise",
+    "cand_in_ref_topk", "ref_in_cand_topk", "near_tie", "kind",
+]  # fmt: skip
+
+
+def noise(tokens: Frame, reference: str) -> pl.DataFrame:
+    """Per (model, candidate): tf_p99_abs_logprob_diff, the p99 of |logprob - ref_logprob|."""
+    _, cand = split(tokens, reference)
+    diff = (pl.col("logprob").cast(_F64) - pl.col("ref_logprob").cast(_F64)).abs()
+    return (
+        cand.group_by(RUN)
+        .agg(tf_p99_abs_logprob_diff=diff.quantile(NOISE_QUANTILE, interpolation="linear"))
+        .sort(RUN)
+        .collect()
+    )
+
+
+def divergences(requests: Frame, tokens: Frame, reference: str, *, near_tie_nats: float | None = None) -> pl.DataFrame:
+    """Per candidate prompt: its first divergence (null when the outputs are identical) classified.
+
+    Output: model, target, prompt_set, prompt_id, first_divergence, cand_token, ref_token,
+    ref_margin (reference top-1 logprob minus its logprob of the candidate's token, nats),
+    noise (the threshold used), cand_in_ref_topk, ref_in_cand_topk, near_tie (null when no
+    divergence), kind ("identical" | "near tie" | "divergence").
+    """
+    ref_req, _ = split(requests, reference)
+    seq = sequences(requests, reference).lazy().select(*CAND, "first_divergence")
+    ref_ids = ref_req.select("model", "prompt_set", "prompt_id", _ref_ids="output_token_ids")
+    at = tokens.lazy().select(
+        *CAND,
+        first_divergence="position",
+        cand_token="token_id",
+        _ref_lp="ref_logprob",
+        _ref_top1_lp=pl.col("ref_topk_logprobs").list.first(),
+        _ref_topk="ref_topk_ids",
+        _cand_topk="topk_ids",
+    )
+    if near_tie_nats is None:
+        threshold = noise(tokens, reference).lazy().rename({"tf_p99_abs_logprob_diff": "noise"})
+    else:
+        threshold = seq.select(*RUN).unique().with_columns(noise=pl.lit(near_tie_nats, dtype=_F64))
+    ref_token = pl.col("_ref_ids").list.get(pl.col("first_divergence"), null_on_oob=True)
+    margin = (pl.col("_ref_top1_lp").cast(_F64) - pl.col("_ref_lp").cast(_F64)).clip(lower_bound=0.0)
+    diverged = pl.col("first_divergence").is_not_null()
+    near = (
+        pl.col("ref_margin").is_not_null()
+        & (pl.col("ref_margin") <= pl.col("noise"))
+        & pl.col("cand_in_ref_topk")
+        & pl.col("ref_in_cand_topk")
+    ).fill_null(False)
+    return (
+        seq.join(at, on=[*CAND, "first_divergence"], how="left")
+        .join(ref_ids, on=["model", "prompt_set", "prompt_id"], how="left")
+        .join(threshold, on=RUN, how="left")
+        .with_columns(ref_token=ref_token, ref_margin=margin)
+        .with_columns(
+            cand_in_ref_topk=pl.col("_ref_topk").list.contains(pl.col("cand_token")).fill_null(False),
+            ref_in_cand_topk=pl.col("_cand_topk").list.contains(pl.col("ref_token")).fill_null(False),
+        )
+        .with_columns(near_tie=pl.when(diverged).then(near))
+        .with_columns(
+            kind=pl.when(~diverged)
+            .then(pl.lit("identical"))
+            .when(pl.col("near_tie"))
+            .then(pl.lit("near tie"))
+            .otherwise(pl.lit("divergence"))
+        )
+        .select(
+            *CAND,
+            "first_divergence",
+            "cand_token",
+            "ref_token",
+            "ref_margin",
+            "noise",
+            "cand_in_ref_topk",
+            "ref_in_cand_topk",
+            "near_tie",
+            "kind",
+        )  # fmt: skip
+        .sort(CAND)
+        .collect()
+    )
+
+
+def summary(requests: Frame, tokens: Frame, reference: str, *, near_tie_nats: float | None = None) -> pl.DataFrame:
+    """Per (model, candidate): near_ties, real_divergences, first_top1_agreement_excl_ties (a
+    first-token flip that is a near tie counts as agreement), seq_match_rate_excl_ties, and the
+    noise used (tf_p99_abs_logprob_diff)."""
+    per_prompt = divergences(requests, tokens, reference, near_tie_nats=near_tie_nats).lazy()
+    tie = pl.col("kind") == "near tie"
+    first_ok = pl.col("first_divergence").is_null() | (pl.col("first_divergence") > 0) | tie
+    return (
+        per_prompt.group_by(RUN)
+        .agg(
+            near_ties=tie.sum().cast(pl.Int64),
+            real_divergences=(pl.col("kind") == "divergence").sum().cast(pl.Int64),
+            first_top1_agreement_excl_ties=first_ok.mean(),
+            seq_match_rate_excl_ties=(pl.col("kind") != "divergence").mean(),
+        )
+        .join(noise(tokens, reference).lazy(), on=RUN, how="left")
+        .sort(RUN)
+        .collect()
+    )

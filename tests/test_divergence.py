@@ -1,0 +1,93 @@
+"""fleet.analysis.divergence: near ties vs real divergences, on hand-made frames."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from test_analysis import CAND, REF, _frame, _req, _tok
+
+from fleet.analysis import divergence
+from fleet.contracts import schema
+
+
+def _run() -> tuple[pl.DataFrame, pl.DataFrame]:
+    requests = _frame(
+        schema.REQUESTS,
+        [
+            _req(REF, "same", [5, 6, 7]),
+            _req(CAND, "same", [5, 6, 7]),
+            # Leaves the path at position 1: the reference had 6 over 9 by 0.01 nats.
+            _req(REF, "tie", [5, 6, 7]),
+            _req(CAND, "tie", [5, 9, 7]),
+            # Leaves the path at position 0 for a token the reference gives 4.9 nats less.
+            _req(REF, "real", [1, 2]),
+            _req(CAND, "real", [3, 2]),
+            # Ends early: nothing to compare at the divergence, so never a tie.
+            _req(REF, "short", [1, 2]),
+            _req(CAND, "short", [1]),
+        ],
+    )
+    rows = []
+    for pid, ids in (("same", [5, 6, 7]), ("tie", [5, 6, 7]), ("real", [1, 2]), ("short", [1, 2])):
+        rows += [_tok(REF, pid, i, t, -0.1) for i, t in enumerate(ids)]
+    rows += [_tok(CAND, "same", i, t, -0.1, ref=(-0.1, [t], [-0.1])) for i, t in enumerate([5, 6, 7])]
+    rows += [
+        _tok(CAND, "tie", 0, 5, -0.1, ref=(-0.1, [5], [-0.1])),
+        _tok(CAND, "tie", 1, 9, -0.68, topk=([9, 6], [-0.68, -0.70]), ref=(-0.70, [6, 9], [-0.69, -0.70])),
+        _tok(CAND, "tie", 2, 7, -0.1, ref=(-0.1, [7], [-0.1])),
+        _tok(CAND, "real", 0, 3, -0.2, topk=([3, 1], [-0.2, -2.0]), ref=(-5.0, [1, 3], [-0.1, -5.0])),
+        _tok(CAND, "real", 1, 2, -0.1, ref=(-0.1, [2], [-0.1])),
+        _tok(CAND, "short", 0, 1, -0.1, ref=(-0.1, [1], [-0.1])),
+    ]
+    return requests, _frame(schema.TOKENS, rows)
+
+
+def test_classifies_first_divergences_with_a_set_tolerance() -> None:
+    requests, tokens = _run()
+    out = divergence.divergences(requests, tokens, REF, near_tie_nats=0.05)
+    kinds = dict(zip(out["prompt_id"], out["kind"], strict=True))
+    assert kinds == {"same": "identical", "tie": "near tie", "real": "divergence", "short": "divergence"}
+    tie = out.filter(pl.col("prompt_id") == "tie").row(0, named=True)
+    assert tie["first_divergence"] == 1 and (tie["cand_token"], tie["ref_token"]) == (9, 6)
+    assert tie["ref_margin"] == pytest.approx(0.01, abs=1e-6)  # -0.69 - (-0.70), float32 on disk
+    assert tie["cand_in_ref_topk"] and tie["ref_in_cand_topk"]
+    real = out.filter(pl.col("prompt_id") == "real").row(0, named=True)
+    assert real["ref_margin"] == pytest.approx(4.9, abs=1e-6) and not real["near_tie"]
+
+
+def test_a_margin_above_the_noise_is_a_divergence() -> None:
+    requests, tokens = _run()
+    out = divergence.divergences(requests, tokens, REF, near_tie_nats=0.005)
+    assert out.filter(pl.col("prompt_id") == "tie")["kind"].item() == "divergence"
+
+
+def test_a_tie_needs_both_tokens_in_both_top_k() -> None:
+    requests, tokens = _run()
+    # The candidate's top-k without the reference's token 6: a flip it was sure of, not a tie.
+    tokens = tokens.with_columns(
+        topk_ids=pl.when((pl.col("prompt_id") == "tie") & (pl.col("position") == 1))
+        .then(pl.lit([9], dtype=pl.List(pl.Int32)))
+        .otherwise("topk_ids")
+    )
+    out = divergence.divergences(requests, tokens, REF, near_tie_nats=1.0)
+    assert out.filter(pl.col("prompt_id") == "tie")["kind"].item() == "divergence"
+
+
+def test_noise_is_the_candidates_p99_teacher_forced_difference() -> None:
+    requests, tokens = _run()
+    # |dlogp| over the 9 scored candidate positions: 0 x7, 0.02 (tie), 4.8 (real). p99, linear:
+    # rank 0.99 * 8 = 7.92, between the two largest: 0.02 + 0.92 * (4.8 - 0.02) = 4.4176.
+    [row] = divergence.noise(tokens, REF).to_dicts()
+    assert row["tf_p99_abs_logprob_diff"] == pytest.approx(0.02 + 0.92 * 4.78, rel=1e-5)
+    # Against that noise the 0.01-nat margin is a tie; the 4.9-nat one is still a divergence.
+    kinds = divergence.divergences(requests, tokens, REF).select("prompt_id", "kind").rows()
+    assert dict(kinds) == {"real": "divergence", "same": "identical", "short": "divergence", "tie": "near tie"}
+
+
+def test_summary_counts_ties_apart() -> None:
+    requests, tokens = _run()
+    [row] = divergence.summary(requests, tokens, REF, near_tie_nats=0.05).to_dicts()
+    assert (row["near_ties"], row["real_divergences"]) == (1, 2)
+    # First token: same, tie (diverges at 1), short agree; real flips at 0 and is no tie.
+    assert row["first_top1_agreement_excl_ties"] == pytest.approx(3 / 4)
+    assert row["seq_match_rate_excl_ties"] == pytest.approx(2 / 4)
