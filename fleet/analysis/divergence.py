@@ -92,18 +92,7 @@ def divergences(requests: Frame, tokens: Frame, reference: str, *, near_tie_nats
             .then(pl.lit("near tie"))
             .otherwise(pl.lit("divergence"))
         )
-        .select(
-            *CAND,
-            "first_divergence",
-            "cand_token",
-            "ref_token",
-            "ref_margin",
-            "noise",
-            "cand_in_ref_topk",
-            "ref_in_cand_topk",
-            "near_tie",
-            "kind",
-        )  # fmt: skip
+        .select(*CAND, *COLUMNS)
         .sort(CAND)
         .collect()
     )
