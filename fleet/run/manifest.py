@@ -64,6 +64,9 @@ class Manifest(Strict):
     variants: dict[str, Variant] = Field(
         default_factory=dict, description="Filled from targets' `matrix:` (variant name -> base and settings)."
     )
+    repeats: dict[str, str] = Field(
+        default_factory=dict, description="Filled from targets' `repeat:` (copy name -> the target it repeats)."
+    )
     perf: list[Scenario] = Field(
         default_factory=list, description="Performance scenarios, run on every perf-capable target (actors/perf.py)."
     )
@@ -74,14 +77,17 @@ class Manifest(Strict):
     @model_validator(mode="before")
     @classmethod
     def _expand_matrix(cls, data: Any) -> Any:
-        """A target with `matrix: {key: [values]}` becomes one target per combination."""
+        """A target with `matrix: {key: [values]}` becomes one target per combination; one with
+        `repeat: N` is followed by N - 1 copies of itself."""
         if not isinstance(data, dict) or not isinstance(data.get("targets"), list):
             return data
-        if not any(isinstance(t, dict) and "matrix" in t for t in data["targets"]):
+        if not any(isinstance(t, dict) and ("matrix" in t or "repeat" in t) for t in data["targets"]):
             return data
+        if not all(isinstance(t, dict) for t in data["targets"]):
+            return data  # the per-target validation names the entry that is not a mapping
         expansion = expand_targets(data["targets"])
         variants = {n: {"base": b, "settings": expansion.settings[n]} for n, b in expansion.variants_of.items()}
-        return data | {"targets": expansion.targets, "variants": variants}
+        return data | {"targets": expansion.targets, "variants": variants, "repeats": expansion.repeats}
 
     @field_validator("prompts", mode="before")
     @classmethod

@@ -30,6 +30,10 @@ class Expansion:
     targets: list[dict[str, Any]]
     variants_of: dict[str, str]  # variant name -> base target name
     settings: dict[str, dict[str, Any]]  # variant name -> {matrix key: value}
+    repeats: dict[str, str]  # copy name -> the target it repeats (`repeat: N`)
+
+
+MAX_REPEAT = 8
 
 
 def expand(target: Mapping[str, Any], matrix: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
@@ -63,20 +67,41 @@ def expand(target: Mapping[str, Any], matrix: Mapping[str, list[Any]]) -> list[d
 
 
 def expand_targets(targets: list[Mapping[str, Any]]) -> Expansion:
-    """Every target of a manifest, those with a `matrix:` replaced by their variants, in order."""
+    """Every target of a manifest, those with a `matrix:` replaced by their variants, and those
+    with `repeat: N` followed by N - 1 copies named `<name>.repeat-<i>`, in order. A copy runs in
+    an actor of its own, so it measures the target against itself: its noise floor."""
     out: list[dict[str, Any]] = []
     variants_of: dict[str, str] = {}
     settings: dict[str, dict[str, Any]] = {}
+    repeats: dict[str, str] = {}
     for target in targets:
-        if "matrix" not in target:
-            out.append(dict(target))
-            continue
-        matrix = target["matrix"]
-        for variant, combo in zip(expand(target, matrix), itertools.product(*matrix.values()), strict=True):
-            out.append(variant)
-            variants_of[variant["name"]] = target["name"]
-            settings[variant["name"]] = dict(zip(matrix, combo, strict=True))
-    return Expansion(out, variants_of, settings)
+        base = {k: v for k, v in target.items() if k != "repeat"}
+        times = _repeat(target)
+        expanded = [base]
+        if "matrix" in base:
+            matrix = base["matrix"]
+            expanded = expand(base, matrix)
+            for variant, combo in zip(expanded, itertools.product(*matrix.values()), strict=True):
+                variants_of[variant["name"]] = base["name"]
+                settings[variant["name"]] = dict(zip(matrix, combo, strict=True))
+        for one in expanded:
+            out.append(dict(one))
+            for i in range(2, times + 1):
+                copy_name = f"{one['name']}.repeat-{i}"
+                out.append(dict(one) | {"name": copy_name})
+                repeats[copy_name] = one["name"]
+    return Expansion(out, variants_of, settings, repeats)
+
+
+def _repeat(target: Mapping[str, Any]) -> int:
+    times = target.get("repeat", 1)
+    if isinstance(times, bool) or not isinstance(times, int) or not 1 <= times <= MAX_REPEAT:
+        msg = f"target {target.get('name')!r}: repeat must be an integer from 1 to {MAX_REPEAT} (got {times!r})"
+        raise ValueError(msg)
+    if times > 1 and not isinstance(target.get("name"), str):
+        msg = "a target with repeat needs a name"
+        raise ValueError(msg)
+    return times
 
 
 def _check(base: Mapping[str, Any], matrix: Mapping[str, list[Any]]) -> None:

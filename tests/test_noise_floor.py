@@ -1,0 +1,61 @@
+"""`repeat: N` targets and the noise floor they measure (fleet/run/matrix.py, fleet/analysis/noise_floor.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_analysis import _frame, _req, _tok
+from test_manifest import GOOD, write
+
+from fleet.analysis import noise_floor
+from fleet.contracts import schema
+from fleet.contracts.errors import ManifestError
+from fleet.run.manifest import load
+from fleet.run.plan import plan
+
+
+def test_repeat_adds_copies_that_run_like_the_original(tmp_path: Path) -> None:
+    text = GOOD.replace("dtype: bfloat16}", "dtype: bfloat16, repeat: 3}")
+    manifest = load(write(tmp_path, text))
+    assert [t.name for t in manifest.targets] == ["ref", "cand", "cand.repeat-2", "cand.repeat-3"]
+    assert manifest.repeats == {"cand.repeat-2": "cand", "cand.repeat-3": "cand"}
+    copy = manifest.target("cand.repeat-2")
+    assert copy.model_dump(exclude={"name"}) == manifest.target("cand").model_dump(exclude={"name"})
+    shards = {s.target for s in plan(manifest)}
+    assert shards == {"ref", "cand", "cand.repeat-2", "cand.repeat-3"}
+
+
+@pytest.mark.parametrize("value", ["0", "9", "two", "true", "1.5"])
+def test_repeat_out_of_range_is_one_clear_error(tmp_path: Path, value: str) -> None:
+    text = GOOD.replace("dtype: bfloat16}", f"dtype: bfloat16, repeat: {value}}}")
+    with pytest.raises(ManifestError, match="repeat must be an integer from 1 to 8"):
+        load(write(tmp_path, text))
+
+
+def test_self_parity() -> None:
+    copy = "vllm.repeat-2"
+    requests = _frame(
+        schema.REQUESTS,
+        [_req("vllm", "a", [1, 2, 3]), _req(copy, "a", [1, 2, 3]), _req("vllm", "b", [4, 5]), _req(copy, "b", [4, 6])],
+    )
+    tokens = _frame(
+        schema.TOKENS,
+        [
+            *(_tok("vllm", "a", i, t, lp) for i, (t, lp) in enumerate([(1, -0.5), (2, -0.25), (3, -1.0)])),
+            *(_tok(copy, "a", i, t, lp) for i, (t, lp) in enumerate([(1, -0.5), (2, -0.5), (3, -1.0)])),
+            *(_tok("vllm", "b", i, t, lp) for i, (t, lp) in enumerate([(4, -0.125), (5, -2.0)])),
+            *(_tok(copy, "b", i, t, lp) for i, (t, lp) in enumerate([(4, -0.125), (6, -3.0)])),
+        ],
+    )
+    [row] = noise_floor.self_parity(requests, tokens, {copy: "vllm"}).to_dicts()
+    # Prompt a: identical, diffs 0, 0.25, 0; prompt b parts at 1, so only position 0 (diff 0) counts.
+    assert (row["target"], row["copy"], row["n_prompts"]) == ("vllm", copy, 2)
+    assert row["seq_identical_rate"] == 0.5 and row["tokens_compared"] == 4
+    assert row["max_abs_logprob_diff"] == 0.25 and row["mean_abs_logprob_diff"] == pytest.approx(0.25 / 4)
+
+
+def test_self_parity_without_the_copys_rows_is_empty() -> None:
+    requests = _frame(schema.REQUESTS, [_req("vllm", "a", [1])])
+    tokens = _frame(schema.TOKENS, [_tok("vllm", "a", 0, 1, -0.5)])
+    assert noise_floor.self_parity(requests, tokens, {"vllm.repeat-2": "vllm"}).is_empty()
