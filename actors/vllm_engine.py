@@ -178,7 +178,7 @@ class VllmEngine(Engine):
         return describe(self.args.device)
 
     def shutdown(self) -> None:
-        # Without an explicit shutdown the engine-core process outlives the actor (PLATFORM.md).
+        # Without an explicit shutdown the engine-core process outlives the actor (docs/platform.md).
         self.llm.llm_engine.engine_core.shutdown()
         del self.llm
         gc.collect()
@@ -187,7 +187,7 @@ class VllmEngine(Engine):
         """Run one level of a perf scenario on this engine, streaming DELTA outputs (actors/perf.py).
 
         `prompts` are the scenario's prompt set when it names one. The same in-process engine that
-        generates and scores runs the load: no second engine (PLATFORM.md: ~1.9 GB each).
+        generates and scores runs the load: no second engine (~1.9 GB each, docs/platform.md).
         """
         import asyncio
 

