@@ -2,7 +2,7 @@
 
 Nothing is launched or stopped. The API key is read, inside the actor, from the environment
 variable the manifest names (`api_key_env`): the manifest, run.json and the results hold only
-that name, and actors/openai_client.py redacts the key from every text it returns. Set the
+that name, and actors/openai_http.py redacts the key from every text it returns. Set the
 variable in the nodes' environment, not in the target's `env`, which run.json records.
 Generation and perf work with any server that speaks the completions API with vLLM's
 `return_tokens_as_token_ids`; scoring (being the reference) also needs `prompt_logprobs`.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from actors.openai_client import OpenAIEngine
+from actors.openai_engine import OpenAIEngine
 from fleet.contracts.targets import EndpointArgs
 
 

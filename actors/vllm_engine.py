@@ -60,7 +60,7 @@ class VllmEngine(Engine):
         # once per request below, the way the HF reference decodes it.
         return SamplingParams(**(kw | {"detokenize": False} | overrides))
 
-    def _run(self, prompts: Sequence[Prompt], params: Any) -> list[Any]:
+    def _outputs(self, prompts: Sequence[Prompt], params: Any) -> list[Any]:
         """One RequestOutput per prompt, in the order given. Text prompts go through LLM.generate,
         chat prompts through LLM.chat so vLLM renders them its own way (a test checks that this
         gives the same token ids as the HF reference's rendering)."""
@@ -75,7 +75,7 @@ class VllmEngine(Engine):
 
     def generate(self, shard: Shard) -> Generation:
         started, t0 = time.time(), time.perf_counter()
-        outputs = self._run(shard.prompts, self._params())
+        outputs = self._outputs(shard.prompts, self._params())
         wall = time.perf_counter() - t0
         completions = [self._completion(p, out) for p, out in zip(shard.prompts, outputs, strict=True)]
         return to_generation(shard, self.model, completions, started_at=started, wall_s=wall)
@@ -113,7 +113,8 @@ class VllmEngine(Engine):
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         out: list[dict[str, object]] = []
         for r, result in zip(rows, outputs, strict=True):
-            output_steps = result.prompt_logprobs[len(r["prompt_token_ids"]) :]
+            n_prompt, n_out = len(r["prompt_token_ids"]), len(r["output_token_ids"])
+            output_steps = result.prompt_logprobs[n_prompt : n_prompt + n_out]
             out += score_rows(r["prompt_id"], r["output_token_ids"], [_step(s) for s in output_steps], k=k)
         return scores_table(out)
 
@@ -147,7 +148,7 @@ class VllmEngine(Engine):
             detokenize=False,
         )
         out = []
-        for prompt, result in zip(prompts, self._run(prompts, params), strict=True):
+        for prompt, result in zip(prompts, self._outputs(prompts, params), strict=True):
             ids = list(result.prompt_token_ids)
             last = probes.dense_logprobs(result.outputs[0].logprobs, 0, vocab)
             if positions == "all":

