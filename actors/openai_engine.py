@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,16 @@ class OpenAIEngine(Engine):
     @property
     def served_model(self) -> str:
         return self.http.model
+
+    def key_from_env(self, variable: str | None) -> str | None:
+        """The API key in the environment variable the manifest names (`api_key_env`), read here
+        in the actor so that only the name is ever recorded; None when it names none."""
+        if variable is None:
+            return None
+        if not (key := os.environ.get(variable)):
+            msg = f"target {self.args.name!r}: environment variable {variable} (api_key_env) is not set"
+            raise RuntimeError(msg)
+        return key
 
     # -- generate and score -----------------------------------------------------------------
 
@@ -176,7 +187,7 @@ class OpenAIEngine(Engine):
     # -- smoke and perf ---------------------------------------------------------------------
 
     def smoke(self) -> pa.Table:
-        """fleet.schema.SMOKE rows: one request each to completions and chat/completions."""
+        """fleet.contracts.schema.SMOKE rows: one request each to completions and chat/completions."""
         import pyarrow as pa
 
         from fleet.contracts import schema

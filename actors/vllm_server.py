@@ -34,12 +34,8 @@ class VllmServerEngine(OpenAIEngine):
         super().__init__(args, *rest, **kw)
         self.args: VllmServerArgs = args
         self.request_timeout_s, self.max_concurrency = args.request_timeout_s, args.max_concurrency
-        key = secrets.token_urlsafe(24)  # one nobody else knows, unless the manifest names one
-        if args.api_key_env is not None:
-            key = os.environ.get(args.api_key_env, "")
-            if not key:
-                msg = f"target {args.name!r}: environment variable {args.api_key_env} (api_key_env) is not set"
-                raise RuntimeError(msg)
+        # The manifest's key, or one nobody else knows.
+        key = self.key_from_env(args.api_key_env) or secrets.token_urlsafe(24)
         port = args.port or _free_port(args.host)
         fd, log = tempfile.mkstemp(prefix=f"vllm-server-{args.name}-", suffix=".log")
         self.log_path = Path(log)
