@@ -45,4 +45,4 @@ clean:
 	rm -rf $(VENV)
 
 docs: setup
-	$(PY) -m fleet.schema
+	$(PY) -m fleet.contracts.schema

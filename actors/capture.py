@@ -1,7 +1,7 @@
 """Engine-side helpers for the deep parity probes (issue 6): full-vocabulary logprobs and hidden states.
 
 The engines compute, this module packs: each probe returns one Arrow table of the schemas in
-fleet.schema.PROBE_TABLES, with the long float vectors as `list<float32>` columns built straight
+fleet.contracts.schema.PROBE_TABLES, with the long float vectors as `list<float32>` columns built straight
 from numpy (no Python float per element: a Qwen2.5 vocabulary is 151,936 entries per row).
 Imports numpy and pyarrow only; torch and vLLM stay in the engines.
 """
@@ -9,7 +9,7 @@ Imports numpy and pyarrow only; torch and vLLM stay in the engines.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,8 +17,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from fleet.contracts.engine import ResolvedModel
-
-Positions = Literal["last", "all"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +41,7 @@ class LayerRows:
 
 
 def keys(model: ResolvedModel, target: str, prompt_set: str) -> dict[str, str]:
-    """The key columns every probe row starts with (fleet.schema._KEYS)."""
+    """The key columns every probe row starts with (fleet.contracts.schema._KEYS)."""
     return {"model": model.name, "model_weights": model.weights, "target": target, "prompt_set": prompt_set}
 
 

@@ -2,7 +2,7 @@
 
 Nothing is launched or stopped. The API key is read, inside the actor, from the environment
 variable the manifest names (`api_key_env`): the manifest, run.json and the results hold only
-that name, and actors/openai_client.py redacts the key from every text it returns. Set the
+that name, and actors/openai_http.py redacts the key from every text it returns. Set the
 variable in the nodes' environment, not in the target's `env`, which run.json records.
 Generation and perf work with any server that speaks the completions API with vLLM's
 `return_tokens_as_token_ids`; scoring (being the reference) also needs `prompt_logprobs`.
@@ -10,10 +10,9 @@ Generation and perf work with any server that speaks the completions API with vL
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from actors.openai_client import OpenAIEngine
+from actors.openai_engine import OpenAIEngine
 from fleet.contracts.targets import EndpointArgs
 
 
@@ -23,13 +22,7 @@ class EndpointEngine(OpenAIEngine):
         self.args: EndpointArgs = args
         self.request_timeout_s, self.max_concurrency = args.request_timeout_s, args.max_concurrency
         self.send_token_ids = args.send_token_ids
-        key = None
-        if args.api_key_env is not None:
-            key = os.environ.get(args.api_key_env)
-            if not key:
-                msg = f"target {args.name!r}: environment variable {args.api_key_env} (api_key_env) is not set"
-                raise RuntimeError(msg)
-        self.connect(args.base_url, api_key=key, served_model=args.served_model)
+        self.connect(args.base_url, api_key=self.key_from_env(args.api_key_env), served_model=args.served_model)
 
     def describe(self) -> dict[str, str]:
         """The server's identity; not this client's library versions, which say nothing about it."""

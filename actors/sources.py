@@ -247,8 +247,7 @@ def weights_digest(model_dir: Path) -> str:
     for f in sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin")):
         h.update(f.name.encode())
         with f.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
+            hashlib.file_digest(fh, lambda: h)  # into the running hash: one digest over all files
     return h.hexdigest()[:16]
 
 

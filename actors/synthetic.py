@@ -7,12 +7,10 @@ same bytes on every node and every run, so a synthetic model can stand in for a 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from filelock import FileLock
+from actors.build_once import build_once
 
 if TYPE_CHECKING:
     from fleet.contracts.sources import SyntheticSource
@@ -35,35 +33,16 @@ QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?
 
 
 def build(spec: SyntheticSource, out_dir: Path) -> Path:
-    """Build the model `spec` describes into `out_dir` (once) and return `out_dir`.
-
-    Safe to call from several processes at once: the build happens in a temporary sibling
-    directory under a file lock and is renamed into place with the marker already inside.
-    """
-    out_dir = Path(out_dir)
-    if (out_dir / MARKER).is_file():
-        return out_dir
+    """Build the model `spec` describes into `out_dir` (once, safe from several processes at
+    once: actors/build_once.py) and return `out_dir`."""
     _check(spec)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    # Not with_suffix: a directory name with a dot in it would share a lock with its siblings.
-    with FileLock(out_dir.with_name(out_dir.name + ".lock")):
-        if (out_dir / MARKER).is_file():  # another process finished it while we waited
-            return out_dir
-        if out_dir.exists():  # left by something other than build: the rename below needs it gone
-            shutil.rmtree(out_dir)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-        try:
-            _write_tokenizer(spec, tmp)
-            _write_model(spec, tmp)
-            (tmp / MARKER).write_text(spec.model_dump_json() + "\n")
-            # mkdtemp and safetensors both make owner-only entries; the cache is meant to be shared.
-            tmp.chmod(0o755)
-            for f in tmp.iterdir():
-                f.chmod(0o644)
-            tmp.rename(out_dir)  # atomic: readers see no directory or a complete one
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+
+    def write(tmp: Path) -> str:
+        _write_tokenizer(spec, tmp)
+        _write_model(spec, tmp)
+        return spec.model_dump_json() + "\n"
+
+    return build_once(Path(out_dir), write, marker=MARKER)
 
 
 def _check(spec: SyntheticSource) -> None:

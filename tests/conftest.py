@@ -15,7 +15,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
-# 8 prompts x 32 tokens, as in PLATFORM.md's parity table.
+# 8 prompts x 32 tokens, as in docs/platform.md's parity table.
 PROMPTS = [
     "The capital of France is",
     "Which American-born Sinclair won the Nobel Prize for Literature in 1930?",

@@ -43,7 +43,7 @@ def test_float32_vllm_matches_float32_hf(parity: dict[str, dict[str, object]]) -
 
 def test_bfloat16_drifts_like_a_precision_change(parity: dict[str, dict[str, object]]) -> None:
     fp32, bf16 = parity["vllm-fp32"], parity["vllm-bf16"]
-    # PLATFORM.md saw max |dlogp| 0.038 and top-1 0.969 for bf16 on a tiny random llama.
+    # docs/platform.md: max |dlogp| 0.038 and top-1 0.969 for bf16 on a tiny random llama.
     assert 1e-3 < bf16["tf_max_abs_logprob_diff"] < 0.5
     assert bf16["tf_max_abs_logprob_diff"] > 100 * fp32["tf_max_abs_logprob_diff"]
     assert 0.8 <= bf16["tf_top1_agreement"] <= 1.0

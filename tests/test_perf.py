@@ -203,7 +203,7 @@ def test_summary_matches_hand_computed_figures() -> None:
     requests = pl.DataFrame(
         [
             _request(0, 0.2, [0.1, 0.1, 0.1, 0.1], 0.6, engine_ttft=0.15),
-            # A 3-token chunk after 0.3 s: three gaps of 0.1 (actors/perf.py), then one of 0.5.
+            # A 3-token chunk after 0.3 s: three gaps of 0.1 (actors/loadgen.py), then one of 0.5.
             _request(1, 0.4, [0.1, 0.1, 0.1, 0.5], 1.2, delay=0.05, engine_ttft=0.25),
             _request(2, 0.3, [], 0.3, delay=0.01),  # one token: no TPOT, no gaps
             _request(3, 0.0, [], 0.0, delay=0.3, error="HTTPError: 500") | {"ttft_s": None, "e2e_s": None},

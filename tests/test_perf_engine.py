@@ -101,13 +101,13 @@ def test_too_long_for_the_context_fails_before_sending(engine: Any) -> None:
 
 
 def test_a_stream_left_early_is_aborted_in_the_engine(engine: Any) -> None:
-    from actors.vllm_engine import _StepBridge
+    from actors.vllm_stream import StepBridge
 
     async def first_chunk_only(stream: Any) -> Any:
         gen: AsyncGenerator[Chunk, None] = stream([0, 5, 6, 7], 50)
         async with contextlib.aclosing(gen):
             return await anext(gen)
 
-    chunk = _StepBridge(engine.llm.llm_engine).run(lambda stream: asyncio.run(first_chunk_only(stream)))
+    chunk = StepBridge(engine.llm.llm_engine).run(lambda stream: asyncio.run(first_chunk_only(stream)))
     assert chunk.n_tokens >= 1
     assert not engine.llm.llm_engine.has_unfinished_requests()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from actors.endpoint import EndpointEngine
-from actors.openai_client import EndpointError
+from actors.openai_http import EndpointError
 from actors.vllm_server import _flags
 from fleet.contracts.engine import ResolvedModel
 from fleet.contracts.sources import PathSource
