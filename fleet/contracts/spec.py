@@ -39,6 +39,10 @@ class RunOptions(Strict):
     max_attempts: int = Field(3, ge=1, description="Tries per shard before it is recorded as failed.")
 
 
+ProbeKind = Literal["logits", "layers"]  # the fields of Probes, and the names of their tables
+PROBE_KINDS: tuple[ProbeKind, ...] = ("logits", "layers")
+
+
 class Probe(Strict):
     """An opt-in probe on one prompt set (it costs more than sampled-token logprobs)."""
 
