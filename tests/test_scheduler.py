@@ -322,3 +322,25 @@ def test_resume_runs_only_what_is_missing(cluster: Cluster, tmp_path: Path) -> N
     t = tables(run_dir)
     assert t["perf_levels"].height == MODELS * len(PERF_TARGETS) * LEVELS
     assert t["layers"].height == MODELS * len(LAYERS_TARGETS)
+
+
+def test_a_target_whose_last_parity_call_fails_still_runs_its_perf_levels(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.fail = {("m1", "vl", "probe_logits"): 2}  # vl's last parity call, both attempts
+    run_dir, _, info = run(tmp_path)
+    assert info["failed_shards"] == {"m1/vl/probe-logits": "ValueError: probe_logits told to fail"}
+    assert tables(run_dir)["perf_levels"].height == MODELS * len(PERF_TARGETS) * LEVELS
+    assert cluster.overlaps == []
+
+
+def test_the_reference_outlives_its_own_failed_call_while_candidates_generate(cluster: Cluster, tmp_path: Path) -> None:
+    # The candidates are still generating when the reference runs out of work of its own.
+    cluster.slow = {("m1", "vl", "generate"): 100, ("m1", "ep", "generate"): 100}
+    cluster.fail = {("m1", "ref", "probe_layers"): 2}
+    one_model = MANIFEST.replace("  - {name: m2, source: {kind: synthetic, seed: 2}}\n", "")  # no m2 perf to wait for
+    run_dir, _, info = run(tmp_path, one_model)
+    assert set(info["failed_shards"]) == {"m1/ref/probe-layers"}
+    candidates = tables(run_dir)["tokens"].filter(pl.col("target") != "ref")
+    assert candidates["ref_logprob"].null_count() == 0  # every candidate shard was scored
+    assert sorted(d for _, m, d in calls(cluster, "score")) == sorted(
+        f"m1/{c}/p/{i:05d}" for c in ("vl", "ep") for i in range(SHARDS_PER_TARGET)
+    )

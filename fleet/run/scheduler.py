@@ -201,8 +201,7 @@ class Loop:
         scoring is done; each first runs its perf levels, so they never overlap its own parity work."""
         if name != run.ref and run.idle(name) and name in run.running:
             self._release_or_perf(run, name)
-        candidates_done = all(run.idle(n) for n in run.running if n != run.ref) and not run.waiting
-        if run.ref in run.running and run.idle(run.ref) and candidates_done:
+        if run.ref in run.running and run.idle(run.ref) and run.candidates_done:
             self._release_or_perf(run, run.ref)
 
     def _release_or_perf(self, run: ModelRun, name: str) -> None:
@@ -235,7 +234,8 @@ class Loop:
             slot.queue.appendleft(work.retried())
         else:
             work.on_abandon(self, run, name, reason)
-        if slot.queue:
+        # A fresh actor also for perf levels still to run, and for a reference still to score with.
+        if run.needs(name):
             slot.launch()
         else:
             run.release(name)

@@ -139,6 +139,16 @@ class ModelRun:
         slot = self.slots[name]
         return slot.current is None and not slot.queue
 
+    @property
+    def candidates_done(self) -> bool:
+        """No candidate has parity work left or is yet to start: nothing more comes to be scored."""
+        return all(self.idle(n) for n in self.running if n != self.ref) and not self.waiting
+
+    def needs(self, name: str) -> bool:
+        """Whether target `name` still has work, or may get some (the reference, to score with)."""
+        slot = self.slots[name]
+        return bool(slot.queue or slot.perf_todo) or (name == self.ref and not self.candidates_done)
+
     def release(self, name: str) -> None:
         self.slots[name].stop()
         self.running.discard(name)
