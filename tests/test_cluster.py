@@ -80,7 +80,7 @@ def test_footprint_and_early_error(tmp_path: Path) -> None:
 
 def test_cluster_too_small_is_a_clear_error_before_anything_is_written(tmp_path: Path) -> None:
     code = (
-        "import sys, ray; from pathlib import Path; from fleet import driver;"
+        "import sys, ray; from pathlib import Path; from fleet.run import driver;"
         "ray.init(address='local', num_cpus=2, resources={'NPU': 2}, include_dashboard=False);"
         "driver.run(Path(sys.argv[1]), results_dir=Path(sys.argv[2]), progress=False)"
     )
