@@ -63,17 +63,17 @@ def assert_exactly_once(run_dir: Path, *, models: int = 2, prompts: int = 6, tok
     assert cand["ref_logprob"].null_count() == 0  # every candidate row was scored
 
 
-def card_processes() -> list[str]:
+def actor_processes() -> list[str]:
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
     return [line for line in ps.splitlines() if "ray::TargetActor" in line]
 
 
-def assert_no_cards_left() -> None:
+def assert_no_actors_left() -> None:
     for _ in range(50):  # killed actors' workers exit asynchronously
-        if not card_processes():
+        if not actor_processes():
             return
         time.sleep(0.2)
-    assert card_processes() == []
+    assert actor_processes() == []
 
 
 def cli_run(manifest: Path, results: Path, ray: Any) -> subprocess.CompletedProcess[str]:
@@ -96,7 +96,7 @@ def test_actor_killed_mid_shard_is_replaced_and_the_shard_retried(local_ray: Any
     assert outcome.retries >= 1 and not outcome.partial
     assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
     assert_exactly_once(run_dir)
-    assert_no_cards_left()
+    assert_no_actors_left()
 
 
 def test_hung_shard_times_out_and_is_retried(local_ray: Any, tmp_path: Path) -> None:
@@ -107,7 +107,7 @@ def test_hung_shard_times_out_and_is_retried(local_ray: Any, tmp_path: Path) -> 
     assert (faults / "hang-m2_cand_p_00000").exists()
     assert outcome.retries >= 1 and not outcome.partial
     assert_exactly_once(run_dir)
-    assert_no_cards_left()
+    assert_no_actors_left()
 
 
 def test_shard_failing_every_attempt_is_recorded_and_the_rest_completes(local_ray: Any, tmp_path: Path) -> None:
@@ -124,7 +124,7 @@ def test_shard_failing_every_attempt_is_recorded_and_the_rest_completes(local_ra
     assert "FAILED shard m1/cand/p/00002" in proc.stdout
     t = rows(tmp_path / "r" / "x")
     assert t["requests"].height == 2 * 2 * 6 - 2  # everything but the failed shard's two prompts
-    assert_no_cards_left()
+    assert_no_actors_left()
 
 
 def test_target_that_fails_to_load_is_recorded_and_others_complete(local_ray: Any, tmp_path: Path) -> None:
@@ -135,7 +135,7 @@ def test_target_that_fails_to_load_is_recorded_and_others_complete(local_ray: An
     t = rows(run_dir)
     assert t["requests"]["target"].unique().to_list() == ["ref"]  # the reference still completed
     assert t["requests"].height == 2 * 6
-    assert_no_cards_left()
+    assert_no_actors_left()
 
 
 def test_non_finite_logprobs_are_recorded(local_ray: Any, tmp_path: Path) -> None:
@@ -188,7 +188,7 @@ def test_killed_driver_resumes_only_missing_shards(local_ray: Any, tmp_path: Pat
     a = rows(run_dir)["tokens"].select(*keys, "token_id").sort(keys)
     b = rows(whole)["tokens"].select(*keys, "token_id").sort(keys)
     assert a.equals(b)
-    assert_no_cards_left()
+    assert_no_actors_left()
 
 
 def test_models_run_concurrently_when_the_cluster_has_room(local_ray: Any, tmp_path: Path) -> None:

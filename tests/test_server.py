@@ -1,7 +1,7 @@
 """`vllm-server` and `endpoint` targets against a real vLLM OpenAI server on 127.0.0.1.
 
-One server for the module, hosted the way the scheduler hosts every target: a Card actor on the
-session's local Ray. An `endpoint` target then runs a whole manifest against it with a sentinel
+One server for the module, hosted the way the scheduler hosts every target: a TargetActor on
+the session's local Ray. An `endpoint` target then runs a whole manifest against it with a sentinel
 key, and nothing written (results, run.json, logs) may contain that key.
 """
 
@@ -39,18 +39,18 @@ def server_args(**kw: Any) -> Any:
 
 
 def start(ray: Any, args: Any) -> Any:
-    """A Card actor hosting the target, as fleet/scheduler.py starts one (but holding no CPU slot)."""
+    """A TargetActor hosting the target, as fleet/run/slots.py starts one (but holding no CPU slot)."""
     from actors.target_actor import TargetActor
     from fleet.contracts.spec import ModelSpec, Sampling
     from fleet.run.slots import BASE_ENV
 
     runtime_env = {"env_vars": BASE_ENV | args.actor_env()}
-    card = ray.remote(TargetActor).options(num_cpus=0, runtime_env=runtime_env)
-    return card.remote(args, ModelSpec.model_validate(MODEL), Sampling(max_tokens=12, logprobs=5))
+    actor_class = ray.remote(TargetActor).options(num_cpus=0, runtime_env=runtime_env)
+    return actor_class.remote(args, ModelSpec.model_validate(MODEL), Sampling(max_tokens=12, logprobs=5))
 
 
-def engine_call(ray: Any, card: Any, fn: Any) -> Any:
-    return ray.get(card.__ray_call__.remote(lambda self: fn(self.engine)), timeout=300)
+def engine_call(ray: Any, actor: Any, fn: Any) -> Any:
+    return ray.get(actor.__ray_call__.remote(lambda self: fn(self.engine)), timeout=300)
 
 
 def processes_with(marker: str, group: int | None = None) -> list[int]:
@@ -69,10 +69,10 @@ def processes_with(marker: str, group: int | None = None) -> list[int]:
 
 @pytest.fixture(scope="module")
 def server(local_ray: Any) -> Iterator[tuple[Any, dict[str, str]]]:
-    card = start(local_ray, server_args(api_key_env="FLEET_TEST_ENDPOINT_KEY"))
-    info = local_ray.get(card.describe.remote(), timeout=600)
-    yield card, info
-    local_ray.kill(card)
+    actor = start(local_ray, server_args(api_key_env="FLEET_TEST_ENDPOINT_KEY"))
+    info = local_ray.get(actor.describe.remote(), timeout=600)
+    yield actor, info
+    local_ray.kill(actor)
 
 
 def test_smoke_checks_pass_on_both_routes(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
@@ -90,9 +90,9 @@ def test_generate_and_score_through_the_server(server: tuple[Any, dict[str, str]
     from fleet.contracts.prompts import Message, Prompt
     from fleet.contracts.spec import Shard
 
-    card, info = server
+    actor, info = server
     prompts = (Prompt(id="t", prompt=PROMPTS[0]), Prompt(id="c", messages=[Message(role="user", content="hi")]))
-    gen = local_ray.get(card.generate.remote(Shard("tiny-llama", "srv-fp32", "p", 0, prompts)), timeout=120)
+    gen = local_ray.get(actor.generate.remote(Shard("tiny-llama", "srv-fp32", "p", 0, prompts)), timeout=120)
     requests, tokens = gen.requests.to_pylist(), gen.tokens.to_pylist()
     tok = AutoTokenizer.from_pretrained(info["model_dir"])
     chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
@@ -101,7 +101,7 @@ def test_generate_and_score_through_the_server(server: tuple[Any, dict[str, str]
     assert all(r["queue_s"] is not None and r["ttft_s"] > 0 and r["e2e_s"] >= r["ttft_s"] for r in requests)
     assert len(tokens) == sum(r["n_output_tokens"] for r in requests)
     assert all(t["rank"] == 1 and t["topk_ids"][0] == t["token_id"] and len(t["topk_ids"]) == 5 for t in tokens)
-    scores = local_ray.get(card.score.remote(gen.requests, k=5), timeout=120).to_pylist()
+    scores = local_ray.get(actor.score.remote(gen.requests, k=5), timeout=120).to_pylist()
     assert [(s["prompt_id"], s["position"]) for s in scores] == [(t["prompt_id"], t["position"]) for t in tokens]
     for s, t in zip(scores, tokens, strict=True):  # teacher forcing on its own greedy output
         assert s["ref_rank"] == 1 and s["ref_topk_ids"] == t["topk_ids"]
@@ -164,10 +164,10 @@ def test_endpoint_target_matches_the_reference_and_never_writes_its_key(
 def test_shutdown_stops_the_whole_server(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
     from actors.vllm_server import _members
 
-    card, info = server
+    actor, info = server
     group = int(info["server_pgid"])
     assert len(_members(group)) >= 3  # supervisor, API server, engine core
-    local_ray.get(card.shutdown.remote(), timeout=120)
+    local_ray.get(actor.shutdown.remote(), timeout=120)
     assert _members(group) == set()
 
 
@@ -175,14 +175,14 @@ def test_a_killed_actor_takes_its_server_along(local_ray: Any) -> None:
     from actors.vllm_server import _free_port, _members
 
     port = _free_port("127.0.0.1")
-    card = start(local_ray, server_args(name="doomed", port=port, stop_timeout_s=5))
+    actor = start(local_ray, server_args(name="doomed", port=port, stop_timeout_s=5))
     deadline = time.monotonic() + 120
     group = None
     while time.monotonic() < deadline and not (group and processes_with("EngineCore", group)):
         group = next((os.getpgid(pid) for pid in processes_with(f"--port {port}")), None)
         time.sleep(0.2)
     assert group and processes_with("EngineCore", group), "the engine core never started"
-    local_ray.kill(card)  # no shutdown, no atexit: only the kernel and Ray act now
+    local_ray.kill(actor)  # no shutdown, no atexit: only the kernel and Ray act now
     deadline = time.monotonic() + 60
     while _members(group) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -51,6 +51,10 @@ class ParityOptions(Strict):
     )
 
 
+ProbeKind = Literal["logits", "layers"]  # the fields of Probes, and the names of their tables
+PROBE_KINDS: tuple[ProbeKind, ...] = ("logits", "layers")
+
+
 class Probe(Strict):
     """An opt-in probe on one prompt set (it costs more than sampled-token logprobs)."""
 

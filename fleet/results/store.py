@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from fleet.contracts import schema
 from fleet.contracts.errors import UserError
+from fleet.contracts.spec import PROBE_KINDS, ProbeKind
 
 RUN_JSON = "run.json"
 # The S3 endpoint, first found wins: ours, then the AWS SDK's standard names, which pyarrow's
@@ -139,14 +140,15 @@ class RunStore:
         )
         return {f"{r['model']}/{r['target']}/{r['scenario']}/{r['level']:05d}" for r in rows.to_pylist()}
 
-    def completed_probes(self) -> set[str]:
-        """Ids (model/target/kind) of probes whose table was written."""
-        done = set()
-        for kind in ("logits", "layers"):
+    def completed_probes(self) -> set[tuple[str, str, ProbeKind]]:
+        """(model, target, kind) of each probe whose table was written: the fields of the driver's
+        ProbeRun (fleet/run/plan.py), which this layer cannot import."""
+        done: set[tuple[str, str, ProbeKind]] = set()
+        for kind in PROBE_KINDS:
             files = parquet_files(self.fs, f"{self.root}/{kind}")
             if files:
                 rows = ds.dataset(files, filesystem=self.fs, format="parquet").to_table(columns=["model", "target"])
-                done |= {f"{r['model']}/{r['target']}/{kind}" for r in rows.to_pylist()}
+                done |= {(r["model"], r["target"], kind) for r in rows.to_pylist()}
         return done
 
     def info(self) -> dict[str, Any]:

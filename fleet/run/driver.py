@@ -23,7 +23,7 @@ from fleet.contracts.targets import SOURCE_PREFLIGHT, engine_side
 from fleet.results.store import RUN_JSON, RunStore, join, now
 from fleet.run import manifest as manifest_mod
 from fleet.run.placement import check_fits
-from fleet.run.plan import PerfRun, plan, plan_perf
+from fleet.run.plan import PerfRun, ProbeRun, plan, plan_perf, plan_probes
 from fleet.run.scheduler import Outcome, execute
 
 
@@ -96,7 +96,7 @@ def run(
             manifest,
             [s for s in plan(manifest) if s.model not in unresolved],
             [p for p in plan_perf(manifest) if p.model not in unresolved],
-            [p for p in _probes(manifest) if p.split("/")[0] not in unresolved],
+            [p for p in plan_probes(manifest) if p.model not in unresolved],
             store,
             cluster,
             progress=progress,
@@ -134,7 +134,8 @@ def resume(
     done, perf_done = store.completed_shards(), store.completed_perf()
     todo = [s for s in plan(manifest) if s.shard_id not in done]
     perf_todo = [p for p in plan_perf(manifest) if p.run_id not in perf_done]
-    probes_todo = [p for p in _probes(manifest) if p not in store.completed_probes()]
+    probes_done = {ProbeRun(*key) for key in store.completed_probes()}
+    probes_todo = [p for p in plan_probes(manifest) if p not in probes_done]
     with _ray(ray_address, verbose=verbose) as cluster:
         _check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
         store.update_info(status="running", resumed_at=[*info.get("resumed_at", []), now()])
@@ -163,13 +164,6 @@ def _ray(address: str | None, *, verbose: bool) -> Iterator[dict[str, float]]:
             ray.shutdown()
 
 
-def _probes(manifest: manifest_mod.Manifest) -> list[str]:
-    """Every probe to run, as "model/target/kind"."""
-    return [
-        f"{m.name}/{t}/{kind}" for m in manifest.models for kind in ("logits", "layers") for t in manifest.probed(kind)
-    ]
-
-
 def _check_cluster(manifest: manifest_mod.Manifest, cluster: dict[str, float], where: str | Path) -> None:
     import ray
 
@@ -184,7 +178,7 @@ def _execute(
     manifest: manifest_mod.Manifest,
     shards: list[Shard],
     perf: list[PerfRun],
-    probes: list[str],
+    probes: list[ProbeRun],
     store: RunStore,
     cluster: dict[str, float],
     *,

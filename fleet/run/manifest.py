@@ -7,7 +7,7 @@ so the CLI can print one line and exit 2 without a traceback and without writing
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
@@ -17,13 +17,20 @@ from fleet.contracts.errors import ManifestError
 from fleet.contracts.gates import Gate
 from fleet.contracts.prompts import Prompt
 from fleet.contracts.sources import GgufSource, PathSource
-from fleet.contracts.spec import ModelSpec, ParityOptions, Probes, RunOptions, Sampling, Scenario, Variant
+from fleet.contracts.spec import (
+    PROBE_KINDS,
+    ModelSpec,
+    ParityOptions,
+    ProbeKind,
+    Probes,
+    RunOptions,
+    Sampling,
+    Scenario,
+    Variant,
+)
 from fleet.contracts.targets import BACKENDS, Capability, TargetArgs
 from fleet.run.matrix import expand_targets
 from fleet.run.prompt_files import expand
-
-ProbeKind = Literal["logits", "layers"]
-PROBE_KINDS: tuple[ProbeKind, ...] = ("logits", "layers")
 
 
 def probe_capability(kind: ProbeKind) -> Capability:

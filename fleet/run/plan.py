@@ -1,7 +1,8 @@
-"""Expanding a manifest into shards: model x target x prompt-set chunk, the unit of work.
+"""Expanding a manifest into the run's work: shards (model x target x prompt-set chunk), perf
+levels and probes, each with an id that is stable across runs of one manifest (resume relies on it).
 
 A shard is what one actor generates in one call, what is retried when an actor dies, and what
-is written as one Parquet file per table, so its id is stable across runs of one manifest.
+is written as one Parquet file per table.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fleet.contracts.spec import Shard
+from fleet.contracts.spec import PROBE_KINDS, ProbeKind, Shard
 from fleet.run.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -53,4 +54,28 @@ def plan_perf(manifest: Manifest) -> list[PerfRun]:
         for scenario in manifest.perf
         if scenario.targets is None or target.name in scenario.targets
         for level in scenario.concurrency
+    ]
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One deep probe ("logits" or "layers") on one model x target: one call, one table's rows."""
+
+    model: str
+    target: str
+    kind: ProbeKind
+
+    @property
+    def run_id(self) -> str:
+        """Its key in run.json's failed_shards."""
+        return f"{self.model}/{self.target}/probe-{self.kind}"
+
+
+def plan_probes(manifest: Manifest) -> list[ProbeRun]:
+    """Every probe the manifest asks for, on every target it runs on, per model."""
+    return [
+        ProbeRun(model.name, target, kind)
+        for model in manifest.models
+        for kind in PROBE_KINDS
+        for target in manifest.probed(kind)
     ]

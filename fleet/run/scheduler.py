@@ -1,8 +1,9 @@
-"""Dispatching shards to card actors, surviving their faults, and gathering Arrow tables.
+"""Dispatching work to the targets' actors, surviving their faults, and gathering Arrow tables.
 
-Per model there is one actor per target (a `Slot`, fleet/slots.py), fed one call at a time so
-that a timeout names exactly one shard. Every target generates its shards; each candidate shard is then scored
-by the reference actor (teacher forcing) and written with the reference's columns joined on.
+Per model there is one actor per target (an `ActorSlot`, fleet/run/slots.py), fed one call (a
+`Work`, fleet/run/work.py) at a time so that a timeout names exactly one shard. Every target
+generates its shards; each candidate shard is then scored by the reference actor (teacher
+forcing) and written with the reference's columns joined on.
 
 Models run concurrently: a model is admitted when the cluster has room for its footprint (all
 its targets at once if the cluster could ever hold them, else the reference plus the largest
@@ -21,13 +22,12 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fleet.contracts import schema
 from fleet.results.store import now
 from fleet.run.placement import fits, footprint
-from fleet.run.slots import ModelRun, Work, runs_alone
+from fleet.run.slots import ModelRun
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from fleet.contracts.spec import Shard
     from fleet.results.store import RunStore
     from fleet.run.manifest import Manifest
-    from fleet.run.plan import PerfRun
+    from fleet.run.plan import PerfRun, ProbeRun
+    from fleet.run.work import Work
 
 
 @dataclass
@@ -63,20 +64,22 @@ def execute(
     bar: tqdm[Any],
     *,
     cluster: dict[str, float],
-    probes: Sequence[str] = (),
+    probes: Sequence[ProbeRun] = (),
 ) -> Outcome:
-    """Run every shard, probe ("model/target/kind") and perf level (retrying faults), write what
-    they produce; returns what failed."""
-    return _Loop(manifest, shards, perf, list(probes), store, bar, cluster).run()
+    """Run every shard, probe and perf level (retrying faults), write what they produce; returns
+    what failed."""
+    return Loop(manifest, shards, perf, list(probes), store, bar, cluster).run()
 
 
-class _Loop:
+class Loop:
+    """The dispatch loop: admits models, feeds their slots, and hands each result to its `Work`."""
+
     def __init__(
         self,
         manifest: Manifest,
         shards: list[Shard],
         perf: list[PerfRun],
-        probes: list[str],
+        probes: list[ProbeRun],
         store: RunStore,
         bar: tqdm[Any],
         cluster: dict[str, float],
@@ -90,14 +93,14 @@ class _Loop:
                 m,
                 [s for s in shards if s.model == m.name],
                 [p for p in perf if p.model == m.name],
-                [p for p in probes if p.startswith(f"{m.name}/")],
+                [p for p in probes if p.model == m.name],
                 manifest,
                 reservation=reservation,
             )
             for m in manifest.models
             if any(s.model == m.name for s in shards)
             or any(p.model == m.name for p in perf)
-            or any(p.startswith(f"{m.name}/") for p in probes)
+            or any(p.model == m.name for p in probes)
         )
         self.active: list[ModelRun] = []
         self.calls: dict[Any, tuple[ModelRun, str]] = {}
@@ -138,7 +141,7 @@ class _Loop:
         """Send each idle actor its next call, except around a CPU perf level, which runs alone:
         while one waits, nothing new starts; once the calls in flight drain, it runs by itself."""
         slots = [(run, name, slot) for run in self.active for name, slot in run.slots.items() if slot.handle]
-        if any(s.current is not None and runs_alone(s.current[1], s) for *_, s in slots):
+        if any(s.current is not None and s.runs_alone(s.current[1]) for *_, s in slots):
             return
         held = any(s.current is None and s.exclusive_next for *_, s in slots)
         for run, name, slot in slots:
@@ -148,7 +151,7 @@ class _Loop:
                 continue
             if (call := slot.submit()) is not None:
                 self.calls[call] = (run, name)
-                if slot.current is not None and runs_alone(slot.current[1], slot):
+                if slot.current is not None and slot.runs_alone(slot.current[1]):
                     return
 
     def _admit(self) -> None:
@@ -173,7 +176,7 @@ class _Loop:
         for run, name in list(self.calls.values()):
             slot = run.slots[name]
             if slot.current is not None and slot.current[2] <= now and slot.handle is not None:
-                self.bar.write(f"timeout: {run.model.name}/{name} {slot.current[1].what}; replacing the actor")
+                self.bar.write(f"timeout: {run.model.name}/{name} {slot.current[1].label}; replacing the actor")
                 ray.kill(slot.handle, no_restart=True)
                 slot.current = (slot.current[0], slot.current[1], math.inf)  # wait for the error now
 
@@ -190,37 +193,7 @@ class _Loop:
         except Exception as e:  # noqa: BLE001  (any actor, engine or task error: retry or record)
             self._failed(run, name, work, _reason(e))
             return
-        key = f"{run.model.name}/{name}"
-        if work.what == "describe":
-            slot.alive = True
-            self.outcome.provenance[key] = result
-        elif work.what == "smoke":
-            slot.smoked = True
-            self.store.write("smoke", f"{run.model.name}/{name}/smoke/00000", result)
-            failed = [row["check"] for row in result.to_pylist() if not row["passed"]]
-            if failed:
-                self.outcome.failures.setdefault(key, f"smoke checks failed: {', '.join(failed)}")
-        elif work.what in ("logits", "layers"):
-            probe = getattr(self.manifest.probes, work.what)
-            self.store.write(work.what, f"{run.model.name}/{name}/{probe.prompt_set}/probe", result)
-        elif work.what == "perf":
-            assert work.perf is not None
-            self.store.write("perf_requests", work.perf.run_id, result.requests)
-            self.store.write("perf_levels", work.perf.run_id, result.level)
-            self.bar.update(1)
-        elif work.what == "generate":
-            assert work.shard is not None
-            gen: Generation = result
-            if _non_finite(gen.tokens):
-                self.outcome.failures.setdefault(key, f"non-finite logprobs in shard {work.shard.shard_id}")
-            ref_slot = run.slots[run.ref]
-            if name == run.ref or ref_slot.handle is None:  # no reference (left) to score with
-                self._write(gen, gen.tokens)
-            else:
-                ref_slot.queue.append(Work("score", work.shard, gen))
-        else:
-            assert work.gen is not None
-            self._write(work.gen, _join_scores(work.gen.tokens, result))
+        work.on_result(self, run, name, result)
         self._maybe_release(run, name)
 
     def _maybe_release(self, run: ModelRun, name: str) -> None:
@@ -228,8 +201,7 @@ class _Loop:
         scoring is done; each first runs its perf levels, so they never overlap its own parity work."""
         if name != run.ref and run.idle(name) and name in run.running:
             self._release_or_perf(run, name)
-        candidates_done = all(run.idle(n) for n in run.running if n != run.ref) and not run.waiting
-        if run.ref in run.running and run.idle(run.ref) and candidates_done:
+        if run.ref in run.running and run.idle(run.ref) and run.candidates_done:
             self._release_or_perf(run, run.ref)
 
     def _release_or_perf(self, run: ModelRun, name: str) -> None:
@@ -242,13 +214,13 @@ class _Loop:
 
     def _failed(self, run: ModelRun, name: str, work: Work, reason: str) -> None:
         slot, key = run.slots[name], f"{run.model.name}/{name}"
-        if work.what == "describe" or not slot.alive:
+        if work.starts_actor or not slot.alive:
             # The actor could not start (the model does not load, no such device...): the whole
             # target fails; its candidates' rows are written unscored if it was the reference.
             self.outcome.failures.setdefault(key, reason)
             self.bar.write(f"FAILED {key}: {reason}")
             for w in [work, *slot.queue, *slot.perf_todo]:
-                self._abandon(run, name, w, f"target failed: {reason}")
+                w.on_abandon(self, run, name, f"target failed: {reason}")
             slot.queue.clear()
             slot.perf_todo.clear()
             run.release(name)
@@ -258,33 +230,18 @@ class _Loop:
         slot.stop()
         if work.attempt < self.manifest.run.max_attempts:
             self.outcome.retries += 1
-            self.bar.write(f"retry {work.attempt + 1}/{self.manifest.run.max_attempts} {key} {work.what}: {reason}")
-            slot.queue.appendleft(replace(work, attempt=work.attempt + 1))
+            self.bar.write(f"retry {work.attempt + 1}/{self.manifest.run.max_attempts} {key} {work.label}: {reason}")
+            slot.queue.appendleft(work.retried())
         else:
-            self._abandon(run, name, work, reason)
-        if slot.queue:
+            work.on_abandon(self, run, name, reason)
+        # A fresh actor also for perf levels still to run, and for a reference still to score with.
+        if run.needs(name):
             slot.launch()
         else:
             run.release(name)
         self._maybe_release(run, name)
 
-    def _abandon(self, run: ModelRun, name: str, work: Work, reason: str) -> None:
-        if work.what == "perf" and work.perf is not None:
-            self.outcome.failed_shards[work.perf.run_id] = reason
-            self.bar.update(1)
-        elif work.what == "smoke":
-            self.outcome.failures.setdefault(f"{run.model.name}/{name}", f"smoke checks: {reason}")
-        elif work.what in ("logits", "layers"):
-            self.outcome.failed_shards[f"{run.model.name}/{name}/probe-{work.what}"] = reason
-        elif work.what == "generate" and work.shard is not None:
-            self.outcome.failed_shards[work.shard.shard_id] = reason
-            self.bar.update(1)
-        elif work.what == "score" and work.gen is not None:
-            # The candidate's own rows stand; record that they lack the reference's columns.
-            self.outcome.failed_shards.setdefault(work.shard.shard_id if work.shard else "?", f"unscored: {reason}")
-            self._write(work.gen, work.gen.tokens)
-
-    def _write(self, gen: Generation, tokens: pa.Table) -> None:
+    def write_shard(self, gen: Generation, tokens: pa.Table) -> None:
         """Write a shard's tables on a writer thread, so dispatch goes on while Parquet is encoded
         and synced (pyarrow and fsync release the GIL); the run ends only when all are written."""
         shard_id = gen.shard.column("shard_id")[0].as_py()
@@ -299,26 +256,7 @@ class _Loop:
         self.writes.append(self.writer.submit(write))
 
 
-def _non_finite(tokens: pa.Table) -> bool:
-    import pyarrow.compute as pc
-
-    lp = tokens.column("logprob")
-    return bool(len(lp)) and not pc.all(pc.is_finite(lp.fill_null(0.0))).as_py()
-
-
 def _reason(error: Exception) -> str:
     text = [line for line in str(error).strip().splitlines() if line.strip()]
     # Ray wraps the remote traceback; its last line is the actual error.
     return (text[-1] if text else type(error).__name__)[:500]
-
-
-def _join_scores(tokens: pa.Table, scores: pa.Table) -> pa.Table:
-    import polars as pl
-
-    keys = ["prompt_id", "position"]
-    joined = (
-        pl.from_arrow(tokens)
-        .drop(schema.SCORE_COLUMNS)  # type: ignore[union-attr]
-        .join(pl.from_arrow(scores), on=keys, how="left", maintain_order="left")  # type: ignore[arg-type]
-    )
-    return schema.conform(joined.to_arrow(), schema.TOKENS)

@@ -1,39 +1,30 @@
-"""The scheduler's view of the actors: a `Slot` is one target's actor for one model, fed one
-call (`Work`) at a time; a `ModelRun` is one model's slots, started and released as the work and
-the model's share of the cluster allow."""
+"""The scheduler's view of the actors: an `ActorSlot` is the driver's handle on one target's
+`TargetActor` (actors/target_actor.py) for one model, fed one call (a `Work`, fleet/run/work.py)
+at a time; a `ModelRun` is one model's slots, started and released as the work and the model's
+share of the cluster allow."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleet.run.placement import add, fits, need
+from fleet.run.work import Describe, Generate, Perf, Probe, Smoke, Work
 
 if TYPE_CHECKING:
-    from fleet.contracts.engine import Generation
     from fleet.contracts.spec import ModelSpec, Shard
     from fleet.contracts.targets import TargetArgs
     from fleet.run.manifest import Manifest
-    from fleet.run.plan import PerfRun
+    from fleet.run.plan import PerfRun, ProbeRun
 
 # Environment every actor gets: no phoning home, from vLLM or Ray.
 BASE_ENV = {"VLLM_NO_USAGE_STATS": "1", "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
 
 
-@dataclass(frozen=True)
-class Work:
-    what: str  # "describe" | "smoke" | "generate" | "score" | "perf" | "logits" | "layers" (probes)
-    shard: Shard | None = None
-    gen: Generation | None = None  # for "score": the candidate's rows
-    perf: PerfRun | None = None
-    attempt: int = 1
-
-
-class Slot:
-    """One target's actor for one model, fed one call at a time."""
+class ActorSlot:
+    """The driver's handle on one target's TargetActor for one model, fed one call at a time."""
 
     def __init__(self, target: TargetArgs, model: ModelSpec, manifest: Manifest) -> None:
         self.target, self.model, self.manifest = target, model, manifest
@@ -48,7 +39,10 @@ class Slot:
     @property
     def exclusive_next(self) -> bool:
         """The next call is a perf level on CPU: timings are only honest with the cores to itself."""
-        return bool(self.queue) and runs_alone(self.queue[0], self)
+        return bool(self.queue) and self.runs_alone(self.queue[0])
+
+    def runs_alone(self, work: Work) -> bool:
+        return work.alone_on_cpu and self.target.device == "cpu"
 
     def launch(self) -> None:
         import ray
@@ -71,36 +65,15 @@ class Slot:
         )
         self.alive = False
         if self.target.can("smoke") and not self.smoked:
-            self.queue.appendleft(Work("smoke"))
-        self.queue.appendleft(Work("describe"))
+            self.queue.appendleft(Smoke())
+        self.queue.appendleft(Describe())
 
     def submit(self) -> Any | None:
         """Send the next queued call if none is in flight; returns its object ref."""
         if self.current is not None or not self.queue or self.handle is None:
             return None
         work = self.queue.popleft()
-        run = self.manifest.run
-        if work.what == "describe":
-            call, timeout = self.handle.describe.remote(), run.start_timeout_s
-        elif work.what == "generate":
-            call, timeout = self.handle.generate.remote(work.shard), run.shard_timeout_s
-        elif work.what == "smoke":
-            call, timeout = self.handle.smoke.remote(), run.shard_timeout_s
-        elif work.what in ("logits", "layers"):
-            probe = getattr(self.manifest.probes, work.what)
-            probe_prompts = self.manifest.prompts[probe.prompt_set]
-            method = self.handle.probe_logits if work.what == "logits" else self.handle.probe_layers
-            call = method.remote(probe_prompts, prompt_set=probe.prompt_set, positions=probe.positions)
-            timeout = run.shard_timeout_s
-        elif work.what == "perf":
-            assert work.perf is not None
-            scenario = work.perf.scenario
-            prompts = self.manifest.prompts[scenario.prompt_set] if scenario.prompt_set else None
-            call, timeout = self.handle.perf.remote(scenario, work.perf.level, prompts), run.shard_timeout_s
-        else:
-            assert work.gen is not None
-            call = self.handle.score.remote(work.gen.requests, k=self.manifest.sampling.logprobs)
-            timeout = run.shard_timeout_s
+        call, timeout = work.submit(self)
         self.current = (call, work, time.monotonic() + timeout)
         return call
 
@@ -127,21 +100,20 @@ class ModelRun:
         model: ModelSpec,
         shards: list[Shard],
         perf: list[PerfRun],
-        probes: list[str],
+        probes: list[ProbeRun],
         manifest: Manifest,
         *,
         reservation: dict[str, float],
     ) -> None:
         self.model, self.manifest, self.reservation = model, manifest, reservation
         self.ref = manifest.reference
-        self.slots = {t.name: Slot(t, model, manifest) for t in manifest.targets}
+        self.slots = {t.name: ActorSlot(t, model, manifest) for t in manifest.targets}
         for shard in shards:
-            self.slots[shard.target].queue.append(Work("generate", shard))
-        for probe_id in probes:  # "model/target/kind"
-            _, target, kind = probe_id.split("/")
-            self.slots[target].queue.append(Work(kind))
+            self.slots[shard.target].queue.append(Generate(shard))
+        for probe in probes:
+            self.slots[probe.target].queue.append(Probe(probe))
         for level in perf:
-            self.slots[level.target].perf_todo.append(Work("perf", perf=level))
+            self.slots[level.target].perf_todo.append(Perf(level))
         # Targets with nothing to do (all done, e.g. on resume) never start.
         self.waiting = deque(n for n, s in self.slots.items() if (s.queue or s.perf_todo) and n != self.ref)
         self.running: set[str] = set()
@@ -167,6 +139,16 @@ class ModelRun:
         slot = self.slots[name]
         return slot.current is None and not slot.queue
 
+    @property
+    def candidates_done(self) -> bool:
+        """No candidate has parity work left or is yet to start: nothing more comes to be scored."""
+        return all(self.idle(n) for n in self.running if n != self.ref) and not self.waiting
+
+    def needs(self, name: str) -> bool:
+        """Whether target `name` still has work, or may get some (the reference, to score with)."""
+        slot = self.slots[name]
+        return bool(slot.queue or slot.perf_todo) or (name == self.ref and not self.candidates_done)
+
     def release(self, name: str) -> None:
         self.slots[name].stop()
         self.running.discard(name)
@@ -175,7 +157,3 @@ class ModelRun:
     @property
     def done(self) -> bool:
         return not self.running and not self.waiting
-
-
-def runs_alone(work: Work, slot: Slot) -> bool:
-    return work.what == "perf" and slot.target.device == "cpu"
