@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from fleet.contracts.base import Device, DType, Name, Strict
+from fleet.contracts.spec import ProbeKind
 
 # What an engine can do beyond generate/score/describe/shutdown; the scheduler asks only for these.
 #   perf: runs the manifest's perf scenarios; smoke: has API routes to smoke-test;
@@ -50,7 +51,7 @@ class TargetArgs(Strict):
     def can(self, capability: Capability) -> bool:
         return capability in self.capabilities
 
-    def for_probes(self, probes: set[Literal["logits", "layers"]]) -> TargetArgs:
+    def for_probes(self, probes: set[ProbeKind]) -> TargetArgs:
         """This target as built when it runs the given probes ("logits", "layers"); most need no change."""
         return self
 
@@ -103,7 +104,7 @@ class VllmArgs(TargetArgs):
             raise ValueError(msg)
         return self
 
-    def for_probes(self, probes: set[Literal["logits", "layers"]]) -> VllmArgs:
+    def for_probes(self, probes: set[ProbeKind]) -> VllmArgs:
         """The logits probe reads the whole vocabulary: vLLM must be built with max_logprobs=-1."""
         if "logits" not in probes:
             return self
