@@ -56,14 +56,23 @@ def encode(tokenizer: Any, prompt: str | Prompt) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 
 
+def level_seed(scenario: Scenario, level: int) -> int:
+    """The seed of one level's synthetic prompts: each level sends fresh prompts, so a later level
+    never finds an earlier level's prompts in the prefix cache."""
+    return scenario.seed + 7919 * level
+
+
 def prompt_ids(
-    scenario: Scenario, tokenizer: Any, prompts: Sequence[str | Prompt] | None = None
+    scenario: Scenario, tokenizer: Any, prompts: Sequence[str | Prompt] | None = None, *, level: int
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """(measured, warm-up) prompt token ids. Warm-up prompts are always synthetic (a different
-    seed), so they never leave the measured prompts in the prefix cache."""
+    """(measured, warm-up) prompt token ids for one concurrency level. Warm-up prompts are always
+    synthetic (a different seed), so they never leave the measured prompts in the prefix cache.
+    A prompt-set scenario sends the set's own prompts at every level (turn prefix caching off in
+    `engine_args` to keep later levels from hitting it)."""
+    seed = level_seed(scenario, level)
     if scenario.input_tokens is not None:
         length = scenario.input_tokens
-        measured = synthetic_prompts(tokenizer, n=scenario.num_requests, length=length, seed=scenario.seed)
+        measured = synthetic_prompts(tokenizer, n=scenario.num_requests, length=length, seed=seed)
     else:
         if not prompts:
             msg = f"scenario {scenario.name!r} uses prompt set {scenario.prompt_set!r}: pass its prompts"
@@ -71,7 +80,7 @@ def prompt_ids(
         encoded = [encode(tokenizer, p) for p in prompts]
         measured = [encoded[i % len(encoded)] for i in range(scenario.num_requests)]
         length = int(statistics.median(len(ids) for ids in encoded))
-    warmup = synthetic_prompts(tokenizer, n=scenario.warmup_requests, length=length, seed=scenario.seed + 1_000_003)
+    warmup = synthetic_prompts(tokenizer, n=scenario.warmup_requests, length=length, seed=seed + 1_000_003)
     return measured, warmup
 
 
@@ -97,7 +106,7 @@ def prepare_level(
 ) -> Callable[[Stream], Coroutine[Any, Any, PerfResult]]:
     """Tokenize one level's prompts and check them against the context now, before anything is
     sent; return `measure(stream)`, which runs the level on the engine's stream (`measure_level`)."""
-    measured, warmup = prompt_ids(scenario, tokenizer, prompts)
+    measured, warmup = prompt_ids(scenario, tokenizer, prompts, level=level)
     if max_model_len:
         check_fits(scenario, measured + warmup, max_model_len)
     model, target = engine.model, engine.args.name

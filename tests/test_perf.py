@@ -75,14 +75,25 @@ def test_synthetic_prompts_have_the_exact_length_and_are_reproducible() -> None:
     assert len({tuple(p[:3]) for p in a}) > 1  # no shared prefix for the prefix cache to hit
 
 
+def test_each_level_sends_fresh_synthetic_prompts() -> None:
+    """Levels 1 and 8 of one scenario share no prompt (nor warm-up): no prefix-cache hits across levels."""
+    tok = FakeTokenizer()
+    sc = scenario(input_tokens=6, num_requests=20, warmup_requests=4)
+    one, warm_one = perf.prompt_ids(sc, tok, level=1)
+    eight, warm_eight = perf.prompt_ids(sc, tok, level=8)
+    assert one == perf.prompt_ids(sc, tok, level=1)[0]  # still reproducible
+    seen = {tuple(p[1:]) for p in one + warm_one}
+    assert not seen & {tuple(p[1:]) for p in eight + warm_eight}
+
+
 def test_prompt_ids_cycles_a_prompt_set_and_warms_up_on_other_prompts() -> None:
     tok = FakeTokenizer()
     sc = scenario(input_tokens=None, prompt_set="p", num_requests=5, warmup_requests=2)
-    measured, warm = perf.prompt_ids(sc, tok, ["ab", "abcd"])
+    measured, warm = perf.prompt_ids(sc, tok, ["ab", "abcd"], level=1)
     assert measured == [tok("ab").input_ids, tok("abcd").input_ids] * 2 + [tok("ab").input_ids]
     assert len(warm) == 2 and {len(w) for w in warm} == {4} and not {tuple(w) for w in warm} & {tuple(measured[0])}
     with pytest.raises(ValueError, match="pass its prompts"):
-        perf.prompt_ids(sc, tok, None)
+        perf.prompt_ids(sc, tok, None, level=1)
     with pytest.raises(ValueError, match="max_model_len 6"):
         perf.check_fits(scenario(), [[0] * 2], 6)
 
