@@ -49,9 +49,8 @@ def main() -> None:
     r = _common.ratio(rates, "top-5 logprobs + Arrow (fleet)", baseline)
     _common.ratio(rates, "top-5, detokenize=False (vLLM)", baseline)
     _common.ratio(rates, "top-5, detokenized (vLLM)", "no logprobs, detokenized (vLLM)")
-    print(
-        f"  cost of top-5 logprobs + Arrow vs like-for-like baseline: {100 * (1 - r):.1f} % (target <= 5 %: {'met' if r >= 0.95 else 'MISSED'})"
-    )
+    verdict = "met" if r >= 0.95 else "MISSED"
+    print(f"  cost of top-5 logprobs + Arrow, like for like: {100 * (1 - r):.1f} % (target <= 5 %: {verdict})")
     engine.shutdown()
 
 
