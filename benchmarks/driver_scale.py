@@ -1,5 +1,7 @@
 """The driver at fleet scale, with the TEST-DOUBLE backend (no model runs; these figures are the
-harness's own, never a model's). Prints, measured in one run:
+harness's own, never a model's). Every model has a reference and a candidate target (two actors),
+so each candidate shard is also scored by the reference, the calls a real run makes. Prints,
+measured in one run:
 
   1. dispatch: shards/s dispatched, gathered and written by 32 actors with zero-cost shards;
   2. writing: token rows/s written to Parquet by the store (atomic files, zstd);
@@ -25,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def manifest(tmp: Path, *, models: int, prompts: int, shard_size: int, tokens: int, seconds_per_token: float) -> Path:
-    """`models` models with one test-double target each: one actor per model."""
+    """`models` models with a test-double reference and a test-double candidate: two actors per model."""
     lines = "\n".join(f"  - {{name: m{i}, source: {{kind: synthetic, seed: 1}}}}" for i in range(models))
     rows = "\n".join(f'    - {{id: q{i}, prompt: "q {i}"}}' for i in range(prompts))
     text = textwrap.dedent(
@@ -36,8 +38,9 @@ def manifest(tmp: Path, *, models: int, prompts: int, shard_size: int, tokens: i
           p:
         {rows}
         targets:
-          - {{name: td, kind: test-double, num_cpus: 0.05, seconds_per_token: {spt}}}
-        reference: td
+          - {{name: ref, kind: test-double, num_cpus: 0.05, seconds_per_token: {spt}}}
+          - {{name: cand, kind: test-double, num_cpus: 0.05, seconds_per_token: {spt}, logprob_shift: 0.01}}
+        reference: ref
         sampling: {{max_tokens: {tokens}, logprobs: 5}}
         run: {{shard_size: {size}}}
         """
@@ -63,7 +66,7 @@ def timed_run(path: Path, results: Path) -> tuple[float, float, int]:
         .collect()
         .with_columns(end=pl.col("started_at") + pl.duration(seconds=pl.col("wall_s")))
     )
-    per_actor = shards.group_by("model").agg(
+    per_actor = shards.group_by("model", "target").agg(
         n=pl.len(), span=(pl.col("end").max() - pl.col("started_at").min()).dt.total_microseconds() / 1e6
     )
     busy_rate = float((per_actor["n"] / per_actor["span"]).sum())
@@ -110,11 +113,14 @@ def main() -> None:
 
     per_actor = max(1, args.shards // args.actors)
     _, rate, n = timed_run(
-        manifest(tmp, models=args.actors, prompts=per_actor, shard_size=1, tokens=1, seconds_per_token=0.0),
+        manifest(
+            tmp, models=max(1, args.actors // 2), prompts=per_actor, shard_size=1, tokens=1, seconds_per_token=0.0
+        ),
         tmp / "r",
     )
     print(
-        f"1. dispatch: {n} zero-cost shards over {args.actors} actors: {rate:,.0f} shards/s dispatched+gathered+written"
+        f"1. dispatch: {n} zero-cost shards over {args.actors} actors: {rate:,.0f} shards/s dispatched, "
+        "scored (candidates), gathered and written"
     )
 
     rows = write_rate(tmp, shards=50, prompts=16, tokens=256)
@@ -122,9 +128,10 @@ def main() -> None:
 
     # Each shard: 4 prompts x 16 tokens x 5 ms = 0.32 s of (sleeping) engine time; 15 per actor.
     base = None
-    for n_actors in sorted({1, 4, 16, args.actors}):
+    for n_actors in sorted({2, 4, 16, args.actors}):
         busy, whole, n = timed_run(
-            manifest(tmp, models=n_actors, prompts=60, shard_size=4, tokens=16, seconds_per_token=0.005), tmp / "r"
+            manifest(tmp, models=n_actors // 2, prompts=60, shard_size=4, tokens=16, seconds_per_token=0.005),
+            tmp / "r",
         )
         base = base or busy
         print(
