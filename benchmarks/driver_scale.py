@@ -133,7 +133,7 @@ def main() -> None:
             manifest(tmp, models=n_actors // 2, prompts=60, shard_size=4, tokens=16, seconds_per_token=0.005),
             tmp / "r",
         )
-        base = base or busy
+        base = base or busy / n_actors  # one actor's rate, from the smallest run
         print(
             f"3. scaling: {n_actors:3d} actors, {n:4d} shards: {busy:7.2f} shards/s while busy, "
             f"efficiency {busy / (n_actors * base):.3f} (target >= 0.95); {whole:6.2f} shards/s over the whole span"
