@@ -74,7 +74,8 @@ def test_html_content(run: Path) -> None:
         write_run(run.parent / "failed", {"cand": SAME}, failures={"m/npu": "RuntimeError: no NPU"})
     )
     assert '<div class="banner FAIL">FAILED m/npu: RuntimeError: no NPU</div>' in html_report.render_html(failed)
-    assert "- FAILED m/npu: RuntimeError: no NPU" in markdown.render_markdown(failed)
+    text = markdown.render_markdown(failed)
+    assert "- FAILED m/npu: RuntimeError: no NPU" in text and mdcheck.tables(text)
 
 
 def test_markdown_follows_the_seed_reports(run: Path) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import mdcheck
 import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -134,7 +135,8 @@ def test_run_report_and_resume_from_s3(
     assert f"results: {uri}" in capsys.readouterr().out
 
     assert cli.main(["report", uri]) == 0
-    assert "# fleet-eval run r1" in capsys.readouterr().out
+    summary = capsys.readouterr().out
+    assert "# fleet-eval run r1" in summary and mdcheck.tables(summary)
     t = {name: frame.collect() for name, frame in reader.load(uri).items()}
     assert (t["requests"].height, t["tokens"].height, t["shards"].height) == (2 * 4, 2 * 4 * 8, 4)
     assert RunStore(uri).completed_shards() == SHARDS
