@@ -100,7 +100,8 @@ def rendered(report: RunReport) -> dict[str, tuple[str, str]]:
 
 
 def test_every_section_in_every_format(full: RunReport) -> None:
-    logits_cos = f"{full.logits['logits_cosine_min'].item():.4g}"  # type: ignore[index]
+    assert full.logits is not None
+    logits_cos = f"{full.logits['logits_cosine_min'].item():.4g}"
     data = {
         "parity": ["0.9428", "0.04167"],  # r and MAE over the matched prefix
         "first_step": ["0.2212", "top-1 agreement 2/2"],
