@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fleet.contracts.gates import Gate
+    from fleet.report.model import RunReport
 
 EXIT_OK, EXIT_USAGE, EXIT_PARTIAL, EXIT_GATES = 0, 2, 3, 4
 
@@ -84,32 +85,34 @@ def _run(args: argparse.Namespace) -> int:
         run_dir, _ = driver.resume(args.resume, **common)
     else:
         run_dir, _ = driver.run(args.manifest, results_dir=args.results, run_id=args.run_id, **common)
-    code = _summarize(run_dir)
+    _, code = _summarize(run_dir)
     print(f"\nresults: {run_dir}")
     return code
 
 
 def _report(args: argparse.Namespace) -> int:
     from fleet.analysis import gates
-    from fleet.report import html as html_report
+    from fleet.report import html, markdown
 
     chosen = gates.load(args.gates) if args.gates else None
-    code = _summarize(args.run_dir, chosen)
-    for out, render in ((args.html, html_report.render_html), (args.markdown, html_report.render_markdown)):
+    report, code = _summarize(args.run_dir, chosen)
+    for out, render in ((args.html, html.render_html), (args.markdown, markdown.render_markdown)):
         if out is not None:
-            out.write_text(render(args.run_dir, gates=chosen), encoding="utf-8")
+            out.write_text(render(report), encoding="utf-8")
             print(f"wrote {out}")
     return code
 
 
-def _summarize(run_dir: str | Path, chosen: list[Gate] | None = None) -> int:
-    from fleet.report import text as report
+def _summarize(run_dir: str | Path, chosen: list[Gate] | None = None) -> tuple[RunReport, int]:
+    """Print the run's summary; the report (computed once, for every format) and the exit code."""
+    from fleet.report import text
+    from fleet.report.model import RunReport
 
-    summary = report.render(run_dir, gates=chosen)
-    print(summary.text)
-    if not summary.complete:
-        return EXIT_PARTIAL
-    return EXIT_GATES if summary.gates_passed is False else EXIT_OK
+    report = RunReport.build(run_dir, gates=chosen)
+    print(text.render(report))
+    if not report.complete:
+        return report, EXIT_PARTIAL
+    return report, EXIT_GATES if report.gates_passed is False else EXIT_OK
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -117,7 +120,8 @@ def _compare(args: argparse.Namespace) -> int:
     from fleet.report import compare
 
     chosen = gates.load(args.gates) if args.gates else None
-    print(compare.render(compare.compare(args.run_a, args.run_b, gates=chosen), run_a=args.run_a, run_b=args.run_b))
+    a, b = compare.report(args.run_a), compare.report(args.run_b)
+    print(compare.render(compare.compare(a, b, gates=chosen), run_a=a, run_b=b))
     return EXIT_OK
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 import pytest
+from mdcheck import rows
 
 from fleet.analysis import gates
 from fleet.contracts import schema
@@ -43,7 +44,14 @@ def _keys(target: str) -> dict[str, Any]:
     return {"model": "m", "target": target, "prompt_set": "s", "model_weights": "0123456789abcdef"}
 
 
-def _write_target(store: RunStore, target: str, outputs: dict[str, list[tuple[Any, ...]]], *, wall_s: float) -> None:
+def _write_target(
+    store: RunStore,
+    target: str,
+    outputs: dict[str, list[tuple[Any, ...]]],
+    *,
+    wall_s: float,
+    expected: dict[str, str] | None = None,
+) -> None:
     shard = f"m/{target}/s/00000"
     requests, tokens = [], []
     for i, (pid, out) in enumerate(sorted(outputs.items())):
@@ -52,7 +60,7 @@ def _write_target(store: RunStore, target: str, outputs: dict[str, list[tuple[An
             "prompt_id": pid, "shard_id": shard, "prompt": PROMPTS[pid], "prompt_token_ids": [1, 2],
             "output_text": " ".join(f"t{t}" for t in ids), "output_token_ids": ids, "n_prompt_tokens": 2,
             "n_output_tokens": len(ids), "finish_reason": "length", "queue_s": 0.0,
-            "ttft_s": 0.01 * (i + 1), "tpot_s": 0.005, "e2e_s": 0.1 * (i + 1),
+            "ttft_s": 0.01 * (i + 1), "tpot_s": 0.005, "e2e_s": 0.1 * (i + 1), "expected": (expected or {}).get(pid),
         })  # fmt: skip
         for pos, (tok, lp, *ref) in enumerate(out):
             row = _keys(target) | {"prompt_id": pid, "position": pos, "token_id": tok, "logprob": lp, "rank": 1}
@@ -89,8 +97,11 @@ def write_run(
     gate_specs: list[dict[str, Any]] | None = None,
     model_dir: Path | None = None,
     failures: dict[str, str] | None = None,
+    expected: dict[str, str] | None = None,
 ) -> Path:
-    """A complete run directory: reference `ref` (REF_OUT) and the given candidates; 6 tokens per target."""
+    """A complete run directory: reference `ref` (REF_OUT) and the given candidates; 6 tokens per target.
+
+    expected: prompt id -> answer rule as stored (JSON, e.g. '{"contains": "t8"}'), for task accuracy."""
     wall_s = wall_s or {}
     targets = ["ref", *candidates]
     manifest = {
@@ -105,9 +116,9 @@ def write_run(
             "manifest_resolved": manifest, "driver": {"python": "3.11", "polars": pl.__version__},
             "provenance": {f"m/{t}": prov for t in targets}}  # fmt: skip
     store = RunStore.create(run_dir, info)
-    _write_target(store, "ref", REF_OUT, wall_s=wall_s.get("ref", 1.0))
+    _write_target(store, "ref", REF_OUT, wall_s=wall_s.get("ref", 1.0), expected=expected)
     for name, outputs in candidates.items():
-        _write_target(store, name, outputs, wall_s=wall_s.get(name, 0.5))
+        _write_target(store, name, outputs, wall_s=wall_s.get(name, 0.5), expected=expected)
     store.update_info(status="partial" if failures else "complete", finished_at="now", failures=failures or {})
     return run_dir
 
@@ -176,4 +187,5 @@ def test_provenance_changes_and_render(two_runs: tuple[Path, Path]) -> None:
     assert "m/cand: vllm: 0.1 -> 0.2" in text
     assert "## Gate changes: 3" in text
     assert "m/cand: seq_match_rate >= 1: PASS -> FAIL" in text
-    assert "## m / cand" in text and "| seq_match_rate | 1 | 0.5 | -0.5 | -0.5 | worse |" in text
+    assert "## m / cand" in text
+    assert ["seq_match_rate", "1", "0.5", "-0.5", "-0.5", "worse", "seq_match_rate >= 1", "PASS", "FAIL"] in rows(text)

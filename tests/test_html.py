@@ -1,4 +1,5 @@
-"""fleet.html_report and fleet.svg: content checks, then the page in a real headless Chromium.
+"""fleet.report.html, .markdown and fleet.report.plots: content checks, then the page in a real
+headless Chromium.
 
 The browser tests skip when Debian's chromium is not installed (`apt-get install -y chromium`).
 """
@@ -11,15 +12,18 @@ import struct
 import subprocess
 from pathlib import Path
 
+import mdcheck
 import polars as pl
 import pytest
 from test_compare import DIVERGED, SAME, write_model_dir, write_run
+from test_report import write_full_run
 
 from fleet.analysis import gates
 from fleet.report import html as html_report
-from fleet.report import svg
+from fleet.report import markdown, plots, svg
+from fleet.report.model import RunReport
 
-N_PLOTS = 8  # scatter, drift by position, divergence, TTFT CDF, E2E CDF, layer rel_l2 and cosine, concurrency
+N_PLOTS = 8  # scatter, drift by position, divergence, TTFT CDF, E2E CDF, concurrency sweep, layer rel_l2 and cosine
 GATES = gates.parse(
     [
         {"metric": "first_top1_agreement", "op": ">=", "threshold": 1.0},
@@ -31,8 +35,10 @@ LAYERS = pl.DataFrame(
      "rel_l2": [0.0, 0.004, 0.009, 0.0, 0.001, 0.002], "cosine": [1.0, 0.9999, 0.9995, 1.0, 1.0, 0.9999]}
 )  # fmt: skip
 SWEEP = pl.DataFrame(
-    {"model": ["m"] * 3, "target": ["cand"] * 3, "concurrency": [1, 4, 16], "output_tok_s": [50.0, 180.0, 400.0]}
-)
+    {"model": ["m"] * 3, "target": ["cand"] * 3, "scenario": ["decode"] * 3, "level": [1, 4, 16],
+     "output_tok_s": [50.0, 180.0, 400.0]}
+)  # fmt: skip
+COLORS = {"cand": "#000001", "cand2": "#000002"}
 
 
 @pytest.fixture
@@ -42,8 +48,14 @@ def run(tmp_path: Path) -> Path:
                      gate_specs=[g.model_dump(exclude_none=True) for g in GATES])  # fmt: skip
 
 
-def test_html_is_self_contained(run: Path) -> None:
-    page = html_report.render_html(run, layers=LAYERS, concurrency=SWEEP)
+@pytest.fixture
+def full(tmp_path: Path) -> RunReport:
+    """Every table a report reads: probes, perf scenarios, smoke checks, a matrix (test_report)."""
+    return RunReport.build(write_full_run(tmp_path / "full", model_dir=write_model_dir(tmp_path / "model")))
+
+
+def test_html_is_self_contained(full: RunReport) -> None:
+    page = html_report.render_html(full)
     assert page.count("<svg") == N_PLOTS and "not measured" not in page
     # Nothing to fetch and nothing to run: no scripts, links, sources or URLs.
     assert not re.search(r"<script|<link|<img|<iframe|src=|href=|https?:|url\(", page, flags=re.IGNORECASE)
@@ -51,54 +63,76 @@ def test_html_is_self_contained(run: Path) -> None:
 
 
 def test_html_content(run: Path) -> None:
-    page = html_report.render_html(run)  # gates from run.json, no probe tables
+    page = html_report.render_html(RunReport.build(run))  # gates from run.json, no probe tables
     assert "FAIL: 1 of 4 gate checks fail." in page
     assert '<td class="fail">FAIL</td>' in page and page.count('<td class="pass">PASS</td>') == 3
-    assert "not measured in this run (layer-wise probe off)" in page
+    assert '<h2 id="layers">Layer-wise probe' in page and "not measured on this run" in page
     assert "LlamaForCausalLM" in page and "<td>parameters</td><td>40</td>" in page and "10000.0" in page
     assert "Test CPU" in page and "0123456789abcdef" in page
-    assert html_report.render_html(run, gates=[]).count("No gates configured") == 1
-    failed = write_run(run.parent / "failed", {"cand": SAME}, failures={"m/npu": "RuntimeError: no NPU"})
+    assert html_report.render_html(RunReport.build(run, gates=[])).count("No gates configured") == 2  # banner, section
+    failed = RunReport.build(
+        write_run(run.parent / "failed", {"cand": SAME}, failures={"m/npu": "RuntimeError: no NPU"})
+    )
     assert '<div class="banner FAIL">FAILED m/npu: RuntimeError: no NPU</div>' in html_report.render_html(failed)
-    assert "- FAILED m/npu: RuntimeError: no NPU" in html_report.render_markdown(failed)
+    text = markdown.render_markdown(failed)
+    assert "- FAILED m/npu: RuntimeError: no NPU" in text and mdcheck.tables(text)
 
 
 def test_markdown_follows_the_seed_reports(run: Path) -> None:
-    text = html_report.render_markdown(run)
+    text = markdown.render_markdown(RunReport.build(run))
     headings = [line for line in text.splitlines() if line.startswith("## ")]
-    assert headings == ["## 1. Summary", "## 2. Environment", "## 3. Model architecture", "## 4. Accuracy",
-                        "## 5. Performance (engine-side timestamps)", "## 6. Conclusion"]  # fmt: skip
+    assert headings == ["## 1. Summary", "## 2. Environment and provenance", "## 3. Model architecture",
+                        "## 4. Accuracy", "## 5. Performance", "## 6. Conclusion"]  # fmt: skip
+    assert "### 4.1 Method" in text and "### 4.3 First step per prompt" in text and "### 6.1 Gates: FAIL" in text
+    rows = mdcheck.rows(text)
     # First step of cand: p1 0.75 - 0.5 = 0.25 |diff|; p2 identical. P rel err p1 = |e^-0.75 - e^-0.5| / e^-0.5.
-    assert "| p1 | -0.5 | -0.75 | 0.25 | 0.6065 | 0.4724 | 22.12 | ✅ |" in text
-    assert "| mean | — | — | 0.125 | — | — | 11.06 | — |" in text
-    assert "First-step top-1 agreement: 100.0% (2/2)." in text
-    assert "| p2 | t5 t8 t9 | t5 t3 t9 | ❌ | 1 |" in text
-    assert "| m | cand | 100.0% | 50.0% (1/2) | 83.3% (5/6) |" in text
+    assert ["m", "cand", "s", "p1", "-0.5", "-0.75", "0.25", "0.6065", "0.4724", "0.2212", "✅"] in rows
+    assert "- m / cand: mean |diff| 0.125, mean rel err 11.06%, top-1 agreement 2/2" in text
+    assert ["m", "cand", "s", "p2", "t5 t8 t9", "t5 t3 t9", "❌", "1", "—", "—"] in rows
+    assert "- m / cand: sequence match 1/2 (50.0%), token match 5/6 (83.3%)" in text
     assert text.count("**FAIL: 1 of 4 gate checks fail.**") == 2  # summary and conclusion
 
 
 def test_long_tables_show_the_worst_rows(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(html_report, "MD_ROWS", 1)
-    text = html_report.render_markdown(run)
-    # cand's diverged prompt p2 is kept and p1 dropped (cand2's table keeps p1); the mean covers both prompts.
-    assert "| p2 | t5 t8 t9 | t5 t3 t9 | ❌ | 1 |" in text and text.count("| p1 | t5 t6 t7 | t5 t6 t7 |") == 1
-    assert "Showing the 1 worst of 2 rows by first_divergence" in text
-    assert "| p1 | -0.5 | -0.75 | 0.25 |" in text and "| mean | — | — | 0.125 |" in text
+    monkeypatch.setattr(markdown, "MD_ROWS", 1)
+    text = markdown.render_markdown(RunReport.build(run))
+    rows = mdcheck.rows(text)
+    # Of 4 candidate prompts, cand's diverged p2 is kept; the totals still cover every prompt.
+    assert ["m", "cand", "s", "p2", "t5 t8 t9", "t5 t3 t9", "❌", "1", "—", "—"] in rows
+    assert not [r for r in rows if r[:4] == ["m", "cand2", "s", "p1"] and len(r) == 10]
+    assert "Showing the 1 worst of 4 rows by first_divergence" in text
+    assert [
+        "m",
+        "cand",
+        "s",
+        "p1",
+        "-0.5",
+        "-0.75",
+        "0.25",
+        "0.6065",
+        "0.4724",
+        "0.2212",
+        "✅",
+    ] in rows  # worst rel err
+    assert "- m / cand2: mean |diff| 0.125, mean rel err 11.06%, top-1 agreement 2/2" in text
 
 
 def test_plots_from_hand_made_frames() -> None:
     assert svg.nice_ticks(0.0, 0.97) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
     assert svg.nice_ticks(3.0, 3.0) == [2.4, 2.6, 2.8, 3.0, 3.2, 3.4, 3.6]
-    chart = svg.layer_errors(LAYERS)
+    noise = svg.nice_ticks(1.0, 1.0 + 1e-15)  # float noise is one value, not ticks that round to one
+    assert noise[0] < 1.0 < noise[-1] and len(set(noise)) == len(noise)
+    chart = plots.layer_errors(LAYERS, COLORS)
     assert chart.count("<polyline") == 2 and "<title>cand2</title>" in chart
+    assert 'stroke="#000002" fill="#000002"><title>cand2</title>' in chart  # the target's own colour
     assert "rel_l2" in chart and "placeholder" not in chart
-    assert "not measured" in svg.layer_errors(None) and "not measured" in svg.throughput_vs_concurrency(None)
-    assert svg.throughput_vs_concurrency(SWEEP).count("<circle") == 3
-    assert ">0.9995<" in svg.layer_errors(LAYERS, metric="cosine")  # y axis zoomed onto the data, not from 0
+    [sweep] = plots.throughput_vs_concurrency(SWEEP, COLORS)
+    assert sweep.count("<circle") == 3 and "decode" in sweep
+    assert ">0.9995<" in plots.layer_errors(LAYERS, COLORS, metric="cosine")  # y axis zoomed onto the data
     seqs = pl.DataFrame(
         {"model": ["m"] * 3, "target": ["c"] * 3, "tokens_total": [3, 3, 3], "first_divergence": [1, None, 1]}
     )
-    bars = svg.divergence_histogram(seqs)
+    bars = plots.divergence_histogram(seqs, {})
     # positions 0, 1, 2 and "none": 0, 2, 0, 1 prompts
     assert [float(x) for x in re.findall(r"<title>c [^:]+: ([\d.]+)</title>", bars)] == [0, 2, 0, 1]
     assert "no data" in svg.scatter({"a": ([float("nan")], [1.0])}, title="t", x_label="x", y_label="y")
@@ -124,9 +158,9 @@ def _console(stderr: str) -> list[str]:
 
 
 @needs_chromium
-def test_page_renders_in_chromium(run: Path, tmp_path: Path) -> None:
+def test_page_renders_in_chromium(full: RunReport, tmp_path: Path) -> None:
     page = tmp_path / "report.html"
-    page.write_text(html_report.render_html(run, layers=LAYERS, concurrency=SWEEP), encoding="utf-8")
+    page.write_text(html_report.render_html(full), encoding="utf-8")
     dom = _chromium(page, tmp_path / "profile", "--dump-dom")
     assert dom.stdout.count("<svg") == N_PLOTS and dom.stdout.count("<polyline") >= 5
     assert _console(dom.stderr) == []

@@ -9,7 +9,8 @@ HEAVY = ("torch", "vllm", "transformers")
 def test_driver_side_imports_are_light() -> None:
     code = (
         "import sys, fleet, fleet.cli, fleet.run.manifest, fleet.run.plan, fleet.run.driver, fleet.run.scheduler, "
-        "fleet.results.store, fleet.analysis.parity, fleet.report.text, fleet.report.html, actors, "
+        "fleet.results.store, fleet.analysis.parity, fleet.report.text, fleet.report.html, "
+        "fleet.report.markdown, fleet.report.compare, actors, "
         "actors.target_actor, actors.sources;"
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     )

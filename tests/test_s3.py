@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import mdcheck
 import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -28,6 +29,7 @@ from fleet.analysis import query
 from fleet.contracts.errors import UserError
 from fleet.report import compare
 from fleet.report import html as html_report
+from fleet.report.model import RunReport
 from fleet.results import reader, store
 from fleet.results.store import RunStore
 
@@ -133,14 +135,15 @@ def test_run_report_and_resume_from_s3(
     assert f"results: {uri}" in capsys.readouterr().out
 
     assert cli.main(["report", uri]) == 0
-    assert "# fleet-eval run r1" in capsys.readouterr().out
+    summary = capsys.readouterr().out
+    assert "# fleet-eval run r1" in summary and mdcheck.tables(summary)
     t = {name: frame.collect() for name, frame in reader.load(uri).items()}
     assert (t["requests"].height, t["tokens"].height, t["shards"].height) == (2 * 4, 2 * 4 * 8, 4)
     assert RunStore(uri).completed_shards() == SHARDS
     assert query.query(uri, "SELECT COUNT(*) AS n FROM tokens WHERE ref_logprob IS NOT NULL")["n"].item() == 4 * 8
     same = compare.compare(uri, uri)  # a run against itself (Polars' parallel sums differ in the last bits)
     assert same.height > 0 and same.filter(pl.col("delta").abs() > 1e-9).is_empty()
-    assert "fleet-eval report: r1" in html_report.render_html(uri, gates=[])
+    assert "fleet-eval report: r1" in html_report.render_html(RunReport.build(uri, gates=[]))
 
     # The same run id again is refused before anything starts.
     assert cli.main(["run", str(manifest), "--results", s3, "--run-id", "r1", "--no-progress"]) == 2

@@ -142,26 +142,6 @@ def passed(verdicts: pl.DataFrame) -> bool:
     return bool((verdicts["verdict"] == "PASS").all()) if verdicts.height else True
 
 
-def render(verdicts: pl.DataFrame, *, evidence_column: bool = True) -> str:
-    """The verdicts as a Markdown table, FAILs first, then a one-line summary."""
-    frame = verdicts.sort(pl.col("verdict") != "FAIL", "model", "target", "gate", maintain_order=True)
-    columns = [c for c in (*VERDICT_COLUMNS, "evidence") if c != "evidence" or evidence_column]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in frame.iter_rows(named=True):
-        cells = [_cell(row[c]) for c in columns]
-        lines.append("| " + " | ".join(cells) + " |")
-    n_fail = int((verdicts["verdict"] == "FAIL").sum()) if verdicts.height else 0
-    lines.append(f"\ngates: {verdicts.height - n_fail} PASS, {n_fail} FAIL")
-    return "\n".join(lines)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    text = f"{value:.4g}" if isinstance(value, float) else str(value)
-    return text.replace("|", "\\|")
-
-
 def from_info(info: Mapping[str, Any]) -> list[Gate]:
     """The gates recorded in run.json (the validated manifest's `gates:` section), if any."""
     return parse((info.get("manifest_resolved") or {}).get("gates") or [], source="run.json gates")

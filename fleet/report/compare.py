@@ -1,9 +1,10 @@
 """Two runs side by side (e.g. before and after a vLLM upgrade): `fleet compare RUN_A RUN_B`.
 
-For every model x target in either run, each parity and throughput metric from A and from B, the
-delta B - A, and whether that delta is better or worse (by the metric's direction). With gates,
-each run is judged by the same gates and the verdicts sit next to the metric, so a PASS -> FAIL
-is a regression to look at. What changed in the environment (versions, devices, weights) is
+For every model x target in either run, each metric from A and from B (parity, throughput, task
+accuracy, the probes' summaries: fleet.report.model.RunReport.metric_frames), the delta B - A,
+and whether that delta is better or worse (by the metric's direction). With gates, each run is
+judged by the same gates and the verdicts sit next to the metric, so a PASS -> FAIL is a
+regression to look at. What changed in the environment (versions, devices, weights) is
 listed separately, since it is usually the explanation.
 """
 
@@ -15,11 +16,13 @@ from typing import Any
 
 import polars as pl
 
-from fleet.analysis import parity as analysis
-from fleet.analysis.gates import evaluate, expected_pairs
 from fleet.contracts.gates import METRICS, Gate
+from fleet.report import columns
+from fleet.report.model import RunReport
+from fleet.report.table import markdown
 from fleet.results import reader
-from fleet.results.reader import read_info
+
+Run = str | Path | RunReport  # a run directory (or URI), or its report already built
 
 _KEYS = ["model", "target", "metric"]
 # Direction of "better" per metric; metrics not listed (counts, wall time) are neutral.
@@ -31,8 +34,15 @@ HIGHER_IS_BETTER = {
     "tf_top1_agreement",
     "first_divergence_mean",
     "output_tok_s",
+    "accuracy_pct",
+    "task_accuracy_delta",
     "layer_cosine_min",
+    "layer_within_0p1pct_min",
+    "layer_within_0p5pct_min",
     "logits_cosine_min",
+    "logits_cosine_mean",
+    "logits_top1_agreement",
+    "logits_top5_agreement",
 }
 LOWER_IS_BETTER = {
     "first_logprob_diff_mean",
@@ -43,7 +53,13 @@ LOWER_IS_BETTER = {
     "n_diverged",
     "kl_topk_mean",
     "layer_rel_l2_max",
+    "layer_rel_l2_mean",
     "logits_kl_max",
+    "logits_kl_mean",
+    "logits_nmse_max",
+    "logits_nmse_mean",
+    "logits_max_abs_err",
+    "n_input_mismatch",
     *(f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)),
 }
 # Provenance fields worth showing when they differ (hostnames and paths change on every cluster).
@@ -62,14 +78,13 @@ _PROVENANCE_KEYS = [
 ]
 
 
-def _summary(run_dir: str | Path) -> tuple[dict[str, Any], pl.DataFrame, pl.DataFrame]:
-    info = read_info(run_dir)
-    t = {name: frame.collect() for name, frame in reader.load(run_dir).items()}
-    return (
-        info,
-        analysis.parity(t["requests"], t["tokens"], info["reference"]),
-        analysis.throughput(t["requests"], t["shards"]),
-    )
+def report(run: Run) -> RunReport:
+    """`run`'s report, without gate verdicts (compare applies its own gates to both runs)."""
+    return run if isinstance(run, RunReport) else RunReport.build(run, gates=[])
+
+
+def _info(run: Run) -> dict[str, Any]:
+    return run.info if isinstance(run, RunReport) else reader.read_info(run)
 
 
 def long_metrics(*frames: pl.DataFrame) -> pl.DataFrame:
@@ -85,14 +100,17 @@ def long_metrics(*frames: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(parts) if parts else pl.DataFrame(schema={**dict.fromkeys(_KEYS, pl.String), "value": pl.Float64})
 
 
-def compare(run_a: str | Path, run_b: str | Path, *, gates: Sequence[Gate] | None = None) -> pl.DataFrame:
+def compare(run_a: Run, run_b: Run, *, gates: Sequence[Gate] | None = None) -> pl.DataFrame:
     """model, target, metric, a, b, delta (b - a), rel_delta (delta / |a|), direction; with gates also
-    gate, verdict_a, verdict_b and change ('PASS -> FAIL', 'FAIL -> PASS', or null when unchanged)."""
-    (info_a, par_a, thr_a), (info_b, par_b, thr_b) = _summary(run_a), _summary(run_b)
-    a, b = long_metrics(par_a, thr_a), long_metrics(par_b, thr_b)
+    gate, verdict_a, verdict_b and change ('PASS -> FAIL', 'FAIL -> PASS', or null when unchanged).
+
+    Metrics are every per-target figure of RunReport.metric_frames: parity, throughput, task
+    accuracy and the probe summaries, so every gate metric is measured on both sides."""
+    a, b = report(run_a), report(run_b)
     order = {m: i for i, m in enumerate(METRICS)}
     out = (
-        a.join(b, on=_KEYS, how="full", coalesce=True, suffix="_b")
+        long_metrics(*a.metric_frames())
+        .join(long_metrics(*b.metric_frames()), on=_KEYS, how="full", coalesce=True, suffix="_b")
         .rename({"value": "a", "value_b": "b"})
         .with_columns(delta=pl.col("b") - pl.col("a"))
         .with_columns(
@@ -102,8 +120,8 @@ def compare(run_a: str | Path, run_b: str | Path, *, gates: Sequence[Gate] | Non
         )
     )
     if gates:
-        va = _verdicts(gates, run_a, info_a, par_a, thr_a).rename({"verdict": "verdict_a"})
-        vb = _verdicts(gates, run_b, info_b, par_b, thr_b).rename({"verdict": "verdict_b"})
+        va = a.evaluate(gates).select("gate", *_KEYS, verdict_a="verdict")
+        vb = b.evaluate(gates).select("gate", *_KEYS, verdict_b="verdict")
         va_, vb_ = pl.col("verdict_a"), pl.col("verdict_b")
         change = pl.concat_str(va_.fill_null("none"), pl.lit(" -> "), vb_.fill_null("none"))
         changes = va.join(vb, on=["gate", *_KEYS], how="full", coalesce=True).with_columns(
@@ -111,14 +129,6 @@ def compare(run_a: str | Path, run_b: str | Path, *, gates: Sequence[Gate] | Non
         )
         out = out.join(changes, on=_KEYS, how="full", coalesce=True)
     return out.sort("model", "target", "_order", "metric", nulls_last=True).drop("_order")
-
-
-def _verdicts(
-    gates: Sequence[Gate], run: str | Path, info: dict[str, Any], parity: pl.DataFrame, perf: pl.DataFrame
-) -> pl.DataFrame:
-    reference, expected = info["reference"], expected_pairs(info)
-    verdicts = evaluate(gates, parity, perf, run_dir=run, reference=reference, expected=expected)
-    return verdicts.select("gate", *_KEYS, "verdict")
 
 
 def _direction() -> pl.Expr:
@@ -133,9 +143,9 @@ def _direction() -> pl.Expr:
     )
 
 
-def provenance_changes(run_a: str | Path, run_b: str | Path) -> pl.DataFrame:
+def provenance_changes(run_a: Run, run_b: Run) -> pl.DataFrame:
     """scope ('driver' or model/target), key, a, b: the recorded versions and devices that differ."""
-    info_a, info_b = read_info(run_a), read_info(run_b)
+    info_a, info_b = _info(run_a), _info(run_b)
     rows = []
     scopes = {"driver": (info_a.get("driver") or {}, info_b.get("driver") or {})}
     for key in sorted(set(info_a.get("provenance") or {}) | set(info_b.get("provenance") or {})):
@@ -152,29 +162,18 @@ def provenance_changes(run_a: str | Path, run_b: str | Path) -> pl.DataFrame:
     return pl.DataFrame([tuple(None if v is None else str(v) for v in r) for r in rows], schema=schema, orient="row")
 
 
-def render(frame: pl.DataFrame, *, run_a: str | Path, run_b: str | Path) -> str:
+def render(frame: pl.DataFrame, *, run_a: Run, run_b: Run) -> str:
     """The comparison as Markdown: what changed in the environment, then one table per model/target."""
-    out = [f"# A: {run_a}", f"# B: {run_b}", "", "## Environment changes (A -> B)"]
-    env = provenance_changes(run_a, run_b)
+    a, b = report(run_a), report(run_b)
+    out = [f"# A: {a.run_dir}", f"# B: {b.run_dir}", "", "## Environment changes (A -> B)", ""]
+    env = provenance_changes(a, b)
     out += [f"- {r['scope']}: {r['key']}: {r['a']} -> {r['b']}" for r in env.iter_rows(named=True)] or ["- none"]
-    for side, run in (("A", run_a), ("B", run_b)):
-        out += [f"- FAILED in {side}: {key}: {why}" for key, why in (read_info(run).get("failures") or {}).items()]
+    out += [f"- in {side}: {notice}" for side, run in (("A", a), ("B", b)) for notice in run.notices]
     if "change" in frame.columns:
         changed = frame.filter(pl.col("change").is_not_null())
         out += ["", f"## Gate changes: {changed.height}"]
+        out += [""] if changed.height else []
         out += [f"- {r['model']}/{r['target']}: {r['gate']}: {r['change']}" for r in changed.iter_rows(named=True)]
-    columns = [
-        c
-        for c in ("metric", "a", "b", "delta", "rel_delta", "direction", "gate", "verdict_a", "verdict_b")
-        if c in frame.columns
-    ]
     for (model, target), part in frame.group_by("model", "target", maintain_order=True):
-        out += ["", f"## {model} / {target}", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        out += ["| " + " | ".join(_cell(row[c]) for c in columns) + " |" for row in part.iter_rows(named=True)]
+        out += ["", f"## {model} / {target}", "", markdown(part, columns.COMPARE)]
     return "\n".join(out)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    return f"{value:.4g}" if isinstance(value, float) else str(value)

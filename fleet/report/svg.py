@@ -1,11 +1,10 @@
-"""Inline-SVG charts for the HTML report: three primitives, then the report's plots of run tables.
+"""Inline-SVG chart primitives for the HTML report: scatter, lines (incl. step CDFs), grouped bars.
 
 Hand-rolled so that the report needs no plotting library and no network: each function returns
 one `<svg>` element as a string, with a `<title>` per chart and per series, which browsers show
-as a tooltip. The primitives (scatter, lines incl. step CDFs, grouped bars) take plain sequences
-keyed by legend label; non-finite values are dropped, and a chart with nothing to draw becomes a
-labelled placeholder box. The plots take frames with the columns of fleet.schema / fleet.analysis
-(or, for probes not stored yet, the columns their docstrings name) and one series per model/target.
+as a tooltip. They take plain sequences keyed by legend label, and optionally a colour per label
+(fleet.report.plots gives each target one colour across every plot); non-finite values are
+dropped, and a chart with nothing to draw becomes a labelled placeholder box.
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
-
-import polars as pl
 
 # Tableau 10: distinguishable in print and for the common colour-vision deficiencies.
 PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
@@ -30,7 +27,9 @@ def nice_ticks(lo: float, hi: float, *, count: int = 5) -> list[float]:
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return []
     lo, hi = min(lo, hi), max(lo, hi)
-    if hi == lo:  # one distinct value: centre it in a unit-wide range
+    # One distinct value (or values apart by float noise, which the ticks' 12 digits would merge):
+    # centre it in a unit-wide range.
+    if hi - lo <= 1e-9 * max(abs(lo), abs(hi)):
         lo, hi = lo - 0.5, hi + 0.5
     raw = (hi - lo) / max(count, 1)
     magnitude = 10 ** math.floor(math.log10(raw))
@@ -95,17 +94,19 @@ def _svg(title: str, body: list[str]) -> str:
     )
 
 
-def _legend(labels: Sequence[str]) -> list[str]:
+def _legend(labels: Sequence[str], colors: Mapping[str, str] | None) -> list[str]:
     out = []
     for i, label in enumerate(labels):
         y = _TOP + 8 + 16 * i
-        out.append(f'<rect x="{WIDTH - _RIGHT + 12}" y="{y - 8}" width="10" height="10" fill="{_color(i)}"/>')
+        fill = _color(label, i, colors)
+        out.append(f'<rect x="{WIDTH - _RIGHT + 12}" y="{y - 8}" width="10" height="10" fill="{fill}"/>')
         out.append(f'<text x="{WIDTH - _RIGHT + 27}" y="{y + 1}">{escape(label[:24])}</text>')
     return out
 
 
-def _color(i: int) -> str:
-    return PALETTE[i % len(PALETTE)]
+def _color(label: str, i: int, colors: Mapping[str, str] | None) -> str:
+    """The label's own colour if given, else the i-th of the palette."""
+    return (colors or {}).get(label) or PALETTE[i % len(PALETTE)]
 
 
 def placeholder(title: str, message: str) -> str:
@@ -124,7 +125,15 @@ def _axes(points: list[tuple[float, float]], *, y_from_zero: bool = False) -> _A
     return _Axes(nice_ticks(min(xs), max(xs)), nice_ticks(y_lo, max(ys)))
 
 
-def scatter(series: Mapping[str, XY], *, title: str, x_label: str, y_label: str, diagonal: bool = False) -> str:
+def scatter(
+    series: Mapping[str, XY],
+    *,
+    title: str,
+    x_label: str,
+    y_label: str,
+    diagonal: bool = False,
+    colors: Mapping[str, str] | None = None,
+) -> str:
     """One dot per (x, y); `diagonal` draws y = x, the line a perfect port sits on."""
     clean = {k: _finite(*xy) for k, xy in series.items()}
     points = [p for pts in clean.values() for p in pts]
@@ -142,8 +151,9 @@ def scatter(series: Mapping[str, XY], *, title: str, x_label: str, y_label: str,
         )
     for i, (label, pts) in enumerate(clean.items()):
         dots = "".join(f'<circle cx="{axes.x(x):.1f}" cy="{axes.y(y):.1f}" r="2.5"/>' for x, y in pts)
-        body.append(f'<g fill="{_color(i)}" fill-opacity="0.6"><title>{escape(label)}</title>{dots}</g>')
-    return _svg(title, body + _legend(list(clean)))
+        fill = _color(label, i, colors)
+        body.append(f'<g fill="{fill}" fill-opacity="0.6"><title>{escape(label)}</title>{dots}</g>')
+    return _svg(title, body + _legend(list(clean), colors))
 
 
 def lines(
@@ -155,6 +165,7 @@ def lines(
     step: bool = False,
     markers: bool = True,
     y_from_zero: bool = True,
+    colors: Mapping[str, str] | None = None,
 ) -> str:
     """A polyline per series (sorted by x); `step` draws a staircase, as for an empirical CDF.
 
@@ -172,11 +183,12 @@ def lines(
         dots = (
             "".join(f'<circle cx="{axes.x(x):.1f}" cy="{axes.y(y):.1f}" r="2.5"/>' for x, y in pts) if markers else ""
         )
+        color = _color(label, i, colors)
         body.append(
-            f'<g stroke="{_color(i)}" fill="{_color(i)}"><title>{escape(label)}</title>'
+            f'<g stroke="{color}" fill="{color}"><title>{escape(label)}</title>'
             f'<polyline points="{coords}" fill="none" stroke-width="1.8"/>{dots}</g>'
         )
-    return _svg(title, body + _legend(list(clean)))
+    return _svg(title, body + _legend(list(clean), colors))
 
 
 def _step(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -189,7 +201,13 @@ def _step(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def bars(
-    categories: Sequence[str], series: Mapping[str, Sequence[float]], *, title: str, x_label: str, y_label: str
+    categories: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+    *,
+    title: str,
+    x_label: str,
+    y_label: str,
+    colors: Mapping[str, str] | None = None,
 ) -> str:
     """Grouped vertical bars: one group per category, one bar per series (e.g. a histogram per target)."""
     values = [v for vs in series.values() for v in vs if _ok(v)]
@@ -209,113 +227,6 @@ def bars(
             tip = f"<title>{escape(label)} {escape(name)}: {_num(v)}</title>"
             body.append(
                 f'<rect x="{x0:.1f}" y="{top:.1f}" width="{slot:.1f}" height="{axes.y(0) - top:.1f}" '
-                f'fill="{_color(i)}">{tip}</rect>'
+                f'fill="{_color(label, i, colors)}">{tip}</rect>'
             )
-    return _svg(title, body + _legend(list(series)))
-
-
-# --- the report's plots -------------------------------------------------------------------------
-
-_SCATTER_CAP = 4000  # points per series: beyond this an SVG gets slow to draw and no clearer
-
-
-def _series(frame: pl.DataFrame, x: str, y: str) -> dict[str, XY]:
-    """{label: (xs, ys)} per model/target; the label is the target alone when there is one model."""
-    one_model = frame["model"].n_unique() <= 1
-    groups = frame.partition_by("model", "target", as_dict=True, maintain_order=True)
-    return {str(t) if one_model else f"{m}/{t}": (g[x].to_list(), g[y].to_list()) for (m, t), g in groups.items()}
-
-
-def logprob_scatter(tokens: pl.DataFrame) -> str:
-    """Teacher-forced: the reference's logprob of each candidate token (x) vs the candidate's own (y)."""
-    tok = tokens.filter(pl.col("ref_logprob").is_not_null())
-    # The points off the diagonal are the story: keep the largest differences, thin out the rest.
-    shown = (
-        tok.with_columns(d=(pl.col("logprob") - pl.col("ref_logprob")).abs())
-        .sort("d", descending=True)
-        .group_by("model", "target", maintain_order=True)
-        .head(_SCATTER_CAP)
-    )
-    title = f"Logprob, candidate vs reference (teacher-forced; {shown.height} of {tok.height} positions)"
-    return scatter(
-        _series(shown, "ref_logprob", "logprob"),
-        title=title,
-        x_label="reference logprob",
-        y_label="candidate logprob",
-        diagonal=True,
-    )
-
-
-def drift_by_position(tokens: pl.DataFrame) -> str:
-    """Mean teacher-forced |logprob - ref_logprob| per output position: does the error grow along the output?"""
-    diff = (pl.col("logprob").cast(pl.Float64) - pl.col("ref_logprob")).abs()
-    by_pos = (
-        tokens.filter(pl.col("ref_logprob").is_not_null())
-        .group_by("model", "target", "position")
-        .agg(d=diff.mean())
-        .sort("model", "target", "position")
-    )
-    return lines(
-        _series(by_pos, "position", "d"),
-        title="Teacher-forced mean |Δlogprob| by position",
-        x_label="output position",
-        y_label="mean |Δlogprob| (nats)",
-    )
-
-
-def divergence_histogram(sequences: pl.DataFrame, *, max_bins: int = 24) -> str:
-    """Prompts per first-divergence position (analysis.sequences), binned; 'none' counts exact matches."""
-    title = "First divergence position (prompts per bin; none = exact match)"
-    if sequences.is_empty():
-        return placeholder(title, "no candidate sequences")
-    top = max(int(sequences["tokens_total"].cast(pl.Int64).max() or 1), 1)  # type: ignore[arg-type]
-    width = math.ceil(top / max_bins)
-    n_bins = math.ceil(top / width)
-    cats = [str(b) if width == 1 else f"{b * width}-{b * width + width - 1}" for b in range(n_bins)]
-    binned = sequences.with_columns(
-        bin=pl.col("first_divergence").floordiv(width).clip(upper_bound=n_bins - 1).fill_null(n_bins)
-    )
-    series = _series(binned, "first_divergence", "bin")
-    counts = {label: [float(bins_.count(b)) for b in range(n_bins + 1)] for label, (_, bins_) in series.items()}
-    return bars([*cats, "none"], counts, title=title, x_label="output position", y_label="prompts")
-
-
-def latency_cdf(requests: pl.DataFrame, column: str, *, name: str) -> str:
-    """Empirical CDF of one latency column of the requests table (seconds), per target."""
-    req = requests.filter(pl.col(column).is_not_null()).sort(column)
-    n, i = pl.len().over("model", "target"), pl.int_range(pl.len()).over("model", "target")
-    # A CDF of thousands of requests draws the same with a few hundred points.
-    req = req.with_columns(q=(i + 1) / n).filter((i % (n // 400 + 1) == 0) | (i == n - 1))
-    # Each curve rises from 0 at its fastest request, as a CDF does.
-    series = {k: ([xs[0], *xs], [0.0, *qs]) for k, (xs, qs) in _series(req, column, "q").items()}
-    return lines(
-        series,
-        title=f"{name} CDF per target",
-        x_label=f"{name} (s)",
-        y_label="share of requests ≤ x",
-        step=True,
-        markers=False,
-    )
-
-
-def layer_errors(layers: pl.DataFrame | None, *, metric: str = "rel_l2") -> str:
-    """Per-layer error curves: `layers` has model, target, layer (0 = embeddings) and `metric` (e.g. rel_l2, cosine)."""
-    title = f"Per-layer {metric} vs reference"
-    if layers is None or layers.is_empty():
-        return placeholder(title, "not measured in this run (layer-wise probe off)")
-    # Errors start near 0 and grow; similarities sit near 1, where a zero-based axis would flatten them.
-    series = _series(layers.sort("layer"), "layer", metric)
-    return lines(series, title=title, x_label="layer", y_label=metric, y_from_zero=not metric.startswith("cos"))
-
-
-def throughput_vs_concurrency(sweep: pl.DataFrame | None) -> str:
-    """Output tok/s per concurrency level: `sweep` has model, target, concurrency, output_tok_s."""
-    title = "Output tokens/s vs concurrency"
-    if sweep is None or sweep.is_empty():
-        return placeholder(title, "not measured in this run (no concurrency sweep)")
-    return lines(
-        _series(sweep.sort("concurrency"), "concurrency", "output_tok_s"),
-        title=title,
-        x_label="concurrent requests",
-        y_label="output tok/s",
-    )
+    return _svg(title, body + _legend(list(series), colors))

@@ -1,0 +1,273 @@
+"""One run's report, computed once from its run directory: every figure the text summary, the
+HTML and Markdown reports and `fleet compare` show.
+
+`RunReport.build` reads the run (a local directory or a URI such as s3://bucket/prefix/run_id,
+through fleet.results.reader) and computes, with fleet.analysis: parity, first step and full
+sequences, task accuracy, parity-run throughput, perf-scenario levels, smoke checks, the logits
+and layer probes, the feature matrix with its self-consistency, gate verdicts and the notices a
+reader must not miss. A frame is None when the run did not measure it (no expected answers, no
+perf scenario, no probe, no matrix); the renderers then say so. fleet.report.sections turns the
+object into titled sections, which each format lays out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from fleet.analysis import consistency, probes
+from fleet.analysis import gates as gate_mod
+from fleet.analysis import parity as analysis
+from fleet.analysis.perf import summary as perf_summary
+from fleet.contracts.gates import Gate
+from fleet.report.svg import PALETTE
+from fleet.results import reader
+
+_CAND = ["model", "target", "prompt_set", "prompt_id"]
+# fmt: off
+ARCH_KEYS = [
+    "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "max_position_embeddings", "vocab_size", "rope_theta", "hidden_act",
+    "rms_norm_eps", "tie_word_embeddings", "dtype", "torch_dtype",
+]
+# fmt: on
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """Everything a report shows about one run; frames are keyed by model and target."""
+
+    run_dir: str | Path
+    info: dict[str, Any]  # run.json
+    tables: dict[str, pl.DataFrame]  # the stored tables (the plots read requests and tokens)
+    parity: pl.DataFrame  # analysis.parity: one row per model x candidate
+    first_step: pl.DataFrame  # analysis.first_step
+    sequences: pl.DataFrame  # analysis.answers + sequences + the prompt text, per candidate prompt
+    accuracy: pl.DataFrame | None  # analysis.accuracy; None: no prompt has an expected answer
+    throughput: pl.DataFrame  # analysis.throughput (parity runs, engine-side timestamps)
+    scenarios: pl.DataFrame | None  # fleet.analysis.perf.summary per level
+    smoke: pl.DataFrame | None  # the smoke table
+    logits: pl.DataFrame | None  # probes.logits_summary
+    layers: pl.DataFrame | None  # probes.layer_curve: the error-growth curve
+    matrix: pl.DataFrame | None  # per variant: started, gates, throughput (columns.MATRIX)
+    consistency: pl.DataFrame | None  # consistency.self_consistency between variants
+    verdicts: pl.DataFrame | None  # gates.evaluate; None: no gates
+    environment: pl.DataFrame  # provenance: one row per key, one column per model/target
+    architecture: dict[str, dict[str, Any]]  # model -> config.json fields and parameter count ({}: unreadable)
+    notices: list[str]
+    colors: dict[str, str]  # target -> plot colour, the same in every plot
+
+    @classmethod
+    def build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None = None) -> RunReport:
+        """Read and compute. `gates` None means the gates recorded in run.json; [] means no verdicts."""
+        info = reader.read_info(run_dir)
+        ref = info["reference"]
+        t = {name: frame.collect() for name, frame in reader.load(run_dir).items()}
+        requests = t["requests"]
+        accuracy = analysis.accuracy(requests, ref)
+        variants = (info.get("manifest_resolved") or {}).get("variants") or {}
+        report = cls(
+            run_dir=run_dir,
+            info=info,
+            tables=t,
+            parity=analysis.parity(requests, t["tokens"], ref),
+            first_step=analysis.first_step(t["tokens"], ref),
+            sequences=_sequences(requests, ref),
+            accuracy=accuracy if accuracy.height else None,
+            throughput=analysis.throughput(requests, t["shards"]),
+            scenarios=perf_summary(t["perf_requests"], t["perf_levels"]) if t["perf_levels"].height else None,
+            smoke=t["smoke"] if t["smoke"].height else None,
+            logits=probes.logits_summary(probes.logits_errors(t["logits"], ref)) if t["logits"].height else None,
+            layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
+            matrix=None,
+            consistency=_consistency(requests, variants) if variants else None,
+            verdicts=None,
+            environment=_environment(info),
+            architecture={m: architecture(info, m) for m in _models(info, requests)},
+            notices=notices(info, requests),
+            colors=_colors(info, t),
+        )
+        gates = gate_mod.from_info(info) if gates is None else list(gates)
+        verdicts = report.evaluate(gates) if gates else None
+        matrix = _matrix(info, requests, report.throughput, verdicts, variants) if variants else None
+        return dataclasses.replace(report, verdicts=verdicts, matrix=matrix)
+
+    @property
+    def reference(self) -> str:
+        return str(self.info["reference"])
+
+    @property
+    def run_id(self) -> str:
+        return str(self.info.get("run_id", self.run_dir))
+
+    @property
+    def models(self) -> list[str]:
+        return list(self.architecture)
+
+    @property
+    def complete(self) -> bool:
+        """The run finished with every target and shard."""
+        return self.info.get("status") == "complete"
+
+    @property
+    def gates_passed(self) -> bool | None:
+        """None when there were no gates to apply."""
+        return None if self.verdicts is None else gate_mod.passed(self.verdicts)
+
+    @property
+    def verdict_line(self) -> str:
+        v = self.verdicts
+        if v is None or v.is_empty():
+            return "No gates configured: no verdict."
+        n_fail = int((v["verdict"] == "FAIL").sum())
+        return (
+            f"FAIL: {n_fail} of {v.height} gate checks fail." if n_fail else f"PASS: all {v.height} gate checks pass."
+        )
+
+    def metric_frames(self) -> list[pl.DataFrame]:
+        """Every per-(model, target) metric, no column in two frames: what gates check and compare diffs."""
+        frames = [self.parity, self.throughput]
+        if self.accuracy is not None:
+            frames.append(self.accuracy.select("model", "target", "accuracy_pct", task_accuracy_delta="delta_points"))
+        if self.logits is not None:
+            frames.append(self.logits.drop("n_prompts"))
+        if self.layers is not None:
+            frames.append(probes.layer_summary(self.layers))
+        return frames
+
+    def evaluate(self, gates: Sequence[Gate]) -> pl.DataFrame:
+        """Verdicts of `gates` on this run, every metric available (probes and accuracy included)."""
+        parity, throughput, *extra = self.metric_frames()
+        return gate_mod.evaluate(
+            gates,
+            parity,
+            throughput,
+            run_dir=self.run_dir,
+            reference=self.reference,
+            expected=gate_mod.expected_pairs(self.info),
+            extra=extra,
+        )
+
+
+def notices(info: dict[str, Any], requests: pl.DataFrame) -> list[str]:
+    """Lines a reader must see before trusting the figures: failures, retries, test doubles, mixed weights."""
+    out = [f"FAILED {key}: {reason}" for key, reason in (info.get("failures") or {}).items()]
+    out += [f"FAILED shard {shard}: {reason}" for shard, reason in (info.get("failed_shards") or {}).items()]
+    if info.get("retries"):
+        out.append(f"retried calls: {info['retries']} (faults survived; rows are written once per shard)")
+    doubles = [k for k, p in (info.get("provenance") or {}).items() if p.get("device") == "test-double"]
+    if doubles:
+        out.append(f"TEST DOUBLE targets (no model ran; figures are meaningless): {', '.join(doubles)}")
+    weights = requests.group_by("model", maintain_order=True).agg(pl.col("model_weights").unique())
+    for model, digests in weights.iter_rows():
+        if len(digests) > 1:  # every target of a model must have loaded the same bytes
+            out.append(f"WARNING {model}: targets loaded different weights {sorted(digests)}")
+    return out
+
+
+def architecture(info: dict[str, Any], model: str) -> dict[str, Any]:
+    """Selected config.json fields of `model` (model_dir from run.json provenance), plus its parameter count."""
+    for key, prov in (info.get("provenance") or {}).items():
+        model_dir = Path(prov.get("model_dir") or "/nonexistent")
+        if key.split("/")[0] == model and (model_dir / "config.json").is_file():
+            config = json.loads((model_dir / "config.json").read_text())
+            rope = (config.get("rope_parameters") or {}).get("rope_theta")  # transformers 5 moved it here
+            out = {k: config[k] for k in ARCH_KEYS if k in config} | ({"rope_theta": rope} if rope else {})
+            return out | {"parameters": _parameters(model_dir), "model_dir": str(model_dir)}
+    return {}
+
+
+def _parameters(model_dir: Path) -> str | None:
+    """Parameter count from the safetensors headers (no weights read): '135.0M', '7.62B', '40'."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(file, framework="numpy") as fh:
+            total += sum(math.prod(fh.get_slice(name).get_shape()) for name in fh.keys())  # noqa: SIM118
+    if not total:
+        return None
+    return f"{total / 1e9:.2f}B" if total >= 1e9 else f"{total / 1e6:.1f}M" if total >= 1e6 else f"{total:,}"
+
+
+def _models(info: dict[str, Any], requests: pl.DataFrame) -> list[str]:
+    """The manifest's models in its order, then any other with results."""
+    named = [m["name"] for m in (info.get("manifest_resolved") or {}).get("models", [])]
+    return list(dict.fromkeys([*named, *requests["model"].unique(maintain_order=True).to_list()]))
+
+
+def _colors(info: dict[str, Any], tables: dict[str, pl.DataFrame]) -> dict[str, str]:
+    """One colour per target for every plot: the reference first, then the manifest's order."""
+    named = [t["name"] for t in (info.get("manifest_resolved") or {}).get("targets", [])]
+    seen = sorted({t for frame in tables.values() if "target" in frame.columns for t in frame["target"].unique()})
+    targets = list(dict.fromkeys([info["reference"], *named, *seen]))
+    return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(targets)}
+
+
+def _sequences(requests: pl.DataFrame, reference: str) -> pl.DataFrame:
+    """analysis.answers (texts, match, correctness) with analysis.sequences (divergence) and the prompt."""
+    seqs = analysis.sequences(requests, reference)
+    prompts = requests.filter(pl.col("target") == reference).select("model", "prompt_set", "prompt_id", "prompt")
+    return (
+        analysis.answers(requests, reference)
+        .join(seqs, on=_CAND, how="left")
+        .join(prompts, on=["model", "prompt_set", "prompt_id"], how="left")
+        .sort(_CAND)
+    )
+
+
+def _environment(info: dict[str, Any]) -> pl.DataFrame:
+    """One row per provenance key (versions, device, host, weights sha), one column per model/target."""
+    prov = info.get("provenance") or {}
+    keys = list(dict.fromkeys(k for p in prov.values() for k in p if k != "model_dir"))
+    data = {"component": keys} | {name: [str(p.get(k, "—")) for k in keys] for name, p in prov.items()}
+    return pl.DataFrame(data, schema=dict.fromkeys(data, pl.String))
+
+
+def _consistency(requests: pl.DataFrame, variants: dict[str, dict[str, Any]]) -> pl.DataFrame:
+    """Greedy self-consistency between variants that differ in one setting (they must agree)."""
+    return consistency.self_consistency(
+        requests,
+        {n: v["base"] for n, v in variants.items()},
+        settings={n: v["settings"] for n, v in variants.items()},
+    )
+
+
+def _matrix(
+    info: dict[str, Any],
+    requests: pl.DataFrame,
+    throughput: pl.DataFrame,
+    verdicts: pl.DataFrame | None,
+    variants: dict[str, dict[str, Any]],
+) -> pl.DataFrame:
+    """The feature matrix, per model x variant: did it start, did it pass its gates, its throughput."""
+    failures, provenance = info.get("failures") or {}, info.get("provenance") or {}
+    rows = []
+    for model in sorted({k.split("/")[0] for k in provenance} | set(requests["model"].unique())):
+        for name, variant in variants.items():
+            key, mine = f"{model}/{name}", (pl.col("model") == model) & (pl.col("target") == name)
+            checks = verdicts.filter(mine) if verdicts is not None else None
+            tok_s = throughput.filter(mine)["output_tok_s"]
+            rows.append(
+                {
+                    "model": model,
+                    "variant": name,
+                    "settings": ", ".join(f"{k}={v}" for k, v in variant["settings"].items()),
+                    "started": key in provenance and key not in failures,
+                    "gates": "n/a"
+                    if checks is None or checks.is_empty()
+                    else ("PASS" if gate_mod.passed(checks) else "FAIL"),
+                    "output_tok_s": tok_s[0] if tok_s.len() else None,
+                    "failure": failures.get(key),
+                }
+            )
+    schema = {"model": pl.String, "variant": pl.String, "settings": pl.String, "started": pl.Boolean}
+    schema |= {"gates": pl.String, "output_tok_s": pl.Float64, "failure": pl.String}
+    return pl.DataFrame(rows, schema=schema)

@@ -1,0 +1,214 @@
+"""fleet.report: one RunReport, rendered as text, HTML and Markdown, each with every section.
+
+`write_full_run` is a run directory with every table a report reads, built by hand through
+RunStore from the other tests' builders: parity rows (test_compare.write_run, with expected
+answers), perf_requests/perf_levels (test_perf), smoke rows, logits and layers probe rows
+(test_probes) and a feature matrix of two variants in run.json. No engine, no Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import mdcheck
+import numpy as np
+import polars as pl
+import pytest
+from test_compare import DIVERGED, SAME, _table, write_model_dir, write_run
+from test_perf import _request
+from test_probes import layers_frame, logits_frame
+
+from fleet import cli
+from fleet.analysis import gates, probes
+from fleet.contracts import schema
+from fleet.report import columns, compare, html, markdown, text
+from fleet.report.model import RunReport
+from fleet.report.sections import NOT_MEASURED, sections
+from fleet.results.store import RunStore
+
+VARIANTS = {
+    "v.eager-true": {"base": "v", "settings": {"enforce_eager": True}},
+    "v.eager-false": {"base": "v", "settings": {"enforce_eager": False}},
+}
+EXPECTED = {"p2": json.dumps({"contains": "t8"})}  # the reference and SAME answer t8, DIVERGED t3
+GATES = [
+    {"metric": "seq_match_rate", "op": ">=", "threshold": 1.0},  # DIVERGED fails it
+    {"metric": "first_top1_agreement", "op": ">=", "threshold": 1.0},
+]
+
+
+def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: float = 0.01, **kwargs: Any) -> Path:
+    """write_run's reference and candidate `cand` (default DIVERGED) plus two matrix variants, with
+    perf levels 1 and 4 and two smoke checks for `cand`, and probes of `ref` and `cand` (whose
+    logits and hidden states are the reference's with `noise`)."""
+    candidates = {"cand": DIVERGED if cand is None else cand, "v.eager-true": SAME, "v.eager-false": DIVERGED}
+    run = write_run(run_dir, candidates, expected=EXPECTED, **kwargs)
+    store = RunStore(run)
+    store.update_info(manifest_resolved=store.info()["manifest_resolved"] | {"variants": VARIANTS})
+    weights = {"model": "m", "model_weights": "0123456789abcdef"}
+    for level, wall_s in ((1, 2.0), (4, 1.0)):
+        key = weights | {"target": "cand", "scenario": "decode", "level": level}
+        shard = f"m/cand/decode/{level:05d}"
+        perf = [_request(i, 0.1 * level, [0.02] * 3, 0.2 * level) | key for i in range(4)]
+        store.write("perf_requests", shard, _table(schema.PERF_REQUESTS, perf))
+        level_row = key | {"wall_s": wall_s, "n_requests": 4, "n_errors": 0, "hostname": "node-1"}
+        store.write("perf_levels", shard, _table(schema.PERF_LEVELS, [level_row]))
+    smoke = [
+        {"check": "completions", "passed": True, "status": 200, "latency_s": 0.05},
+        {"check": "chat/completions", "passed": False, "status": 500, "latency_s": 0.07, "error": "HTTP 500: a | b"},
+    ]
+    store.write("smoke", "m/cand/smoke/00000", _table(schema.SMOKE, [weights | {"target": "cand"} | r for r in smoke]))
+    rng = np.random.default_rng(0)
+    ref = probes.log_normalize(rng.normal(size=(2, 16))).astype(np.float32)
+    noisy = (ref + noise * rng.normal(size=ref.shape)).astype(np.float32)
+    hidden = [rng.normal(size=(2, 8)) for _ in range(3)]
+    probe_tables = {
+        "logits": logits_frame({"ref": [("p1", [1, 2], ref)], "cand": [("p1", [1, 2], noisy)]}),
+        "layers": layers_frame({"ref": hidden, "cand": [h * (1 + noise * i) for i, h in enumerate(hidden)]}),
+    }
+    for name, frame in probe_tables.items():
+        for target in ("ref", "cand"):
+            rows = frame.filter(pl.col("target") == target).with_columns(model_weights=pl.lit(weights["model_weights"]))
+            store.write(name, f"m/{target}/s/00000", rows.to_arrow())
+    return run
+
+
+@pytest.fixture
+def full(tmp_path: Path) -> RunReport:
+    run = write_full_run(tmp_path / "run", model_dir=write_model_dir(tmp_path / "model"), gate_specs=GATES)
+    return RunReport.build(run)
+
+
+def chunk(document: str, title: str, *, ends: str) -> str:
+    """The part of `document` from `title` to the next section heading (the pattern `ends`)."""
+    start = document.index(title) + len(title)
+    end = re.compile(ends).search(document, start)
+    return document[start : end.start() if end else len(document)]
+
+
+def rendered(report: RunReport) -> dict[str, tuple[str, str]]:
+    """Each format's document and the pattern that starts a section (not a table's title)."""
+    return {
+        "text": (text.render(report), r"\n## "),
+        "markdown": (markdown.render_markdown(report), r"\n##+ \d"),
+        "html": (html.render_html(report), "<h2"),
+    }
+
+
+def test_every_section_in_every_format(full: RunReport) -> None:
+    assert full.logits is not None
+    logits_cos = f"{full.logits['logits_cosine_min'].item():.4g}"
+    data = {
+        "parity": ["0.9428", "0.04167"],  # r and MAE over the matched prefix
+        "first_step": ["0.2212", "top-1 agreement 2/2"],
+        "sequences": ["t5 t3 t9", "sequence match 1/2 (50.0%), token match 5/6 (83.3%)"],
+        "accuracy": ["-100"],
+        "throughput": ["0.0199"],
+        "scenarios": ["decode", "1000", "416"],  # prefill tok/s at 1, total tok/s at 4
+        "smoke": ["chat/completions", "HTTP 500: a | b"],
+        "logits": [logits_cos],
+        "layers": ["decoder", "0.02"],
+        "matrix": ["enforce_eager=False", "enforce_eager: true vs false", "s/p2"],
+        "environment": ["Test CPU", "0123456789abcdef"],
+        "architecture": ["LlamaForCausalLM", "10000.0", "40"],
+        "gates": ["FAIL: 2 of 6 gate checks fail.", "0.5 >= 1 is false"],
+    }
+    titles = {key: s.title for key, s in sections(full).items()}
+    assert set(data) == set(titles)
+    for fmt, (document, ends) in rendered(full).items():
+        assert NOT_MEASURED not in document, fmt
+        for key, title in titles.items():
+            part = chunk(document, escape(title) if fmt == "html" else title, ends=ends)
+            for value in data[key]:
+                shown = escape(value) if fmt == "html" else value.replace("|", "\\|") if key == "smoke" else value
+                assert shown in part, (fmt, key, value)
+        if fmt != "html":
+            mdcheck.tables(document)
+
+
+def test_tables_are_valid_markdown_with_their_headers(full: RunReport) -> None:
+    for document in (text.render(full), markdown.render_markdown(full)):
+        headers = [table[0] for table in mdcheck.tables(document)]
+        assert list(columns.PARITY.values()) in headers  # "first |dlogp|" is one header, not two
+        assert list(columns.SEQUENCES.values()) in headers  # with the prompt set
+        rows = mdcheck.rows(document)
+        assert ["m", "cand", "chat/completions", "❌", "500", "0.07", "HTTP 500: a | b"] in rows
+        assert ["m", "cand", "s", "p2", "t5 t8 t9", "t5 t3 t9", "❌", "1", "✅", "❌"] in rows
+
+
+def test_absent_sections_say_so(tmp_path: Path) -> None:
+    report = RunReport.build(write_run(tmp_path / "run", {"cand": SAME}))  # parity only, no gates
+    for fmt, (document, ends) in rendered(report).items():
+        by_title = {s.key: s.title for s in sections(report).values()}
+        for key in ("accuracy", "scenarios", "smoke", "logits", "layers", "matrix"):
+            assert NOT_MEASURED in chunk(document, by_title[key], ends=ends), (fmt, key)
+        assert "No gates configured: no verdict." in chunk(document, by_title["gates"], ends=ends), fmt
+        assert "m: config.json not readable from here." in document
+        if fmt != "html":
+            mdcheck.tables(document)
+
+
+def test_one_colour_per_target_in_every_plot(full: RunReport) -> None:
+    page = html.render_html(full)
+    legend = re.findall(r'fill="(#[0-9a-f]{6})"/><text x="[\d.]+" y="[\d.]+">([^<]+)</text>', page)
+    colours: dict[str, set[str]] = {}
+    for colour, label in legend:
+        colours.setdefault(label, set()).add(colour)
+    assert {label: c.pop() for label, c in colours.items() if len(c) == 1} == {t: full.colors[t] for t in colours}, (
+        colours
+    )
+    assert len({full.colors[t] for t in ("ref", "cand", "v.eager-true", "v.eager-false")}) == 4
+    # cand is in every plot: scatter, drift, divergence, 2 latency CDFs, the concurrency sweep, 2 layer curves.
+    assert sum(label == "cand" for _, label in legend) == 8
+
+
+def test_cli_report_writes_every_format_and_exits_on_gates(
+    full: RunReport, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page, md = tmp_path / "report.html", tmp_path / "report.md"
+    run = str(full.run_dir)
+    assert cli.main(["report", run, "--html", str(page), "--markdown", str(md)]) == 4  # the run's gates: FAIL
+    out = capsys.readouterr().out
+    assert "## Gates: FAIL" in out and f"wrote {page}" in out and f"wrote {md}" in out
+    mdcheck.tables(out.split(f"wrote {page}")[0])
+    mdcheck.tables(md.read_text(encoding="utf-8"))
+    assert page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    passing = tmp_path / "gates.yaml"
+    passing.write_text('- {metric: first_top1_agreement, op: ">=", threshold: 1.0}\n')
+    assert cli.main(["report", run, "--gates", str(passing)]) == 0
+    assert "## Gates: PASS" in capsys.readouterr().out
+
+
+def test_compare_checks_accuracy_and_probe_gates(tmp_path: Path) -> None:
+    """task_accuracy_delta, logits_* and layer_* reach the gates in compare: A passes, B fails
+    where its candidate answers wrong and drifts, and layer cosine (a scaling keeps it) passes in both."""
+    a = write_full_run(tmp_path / "a", cand=SAME, noise=0.0)
+    b = write_full_run(tmp_path / "b", cand=DIVERGED, noise=0.05)
+    specs = [
+        {"metric": "task_accuracy_delta", "op": ">=", "threshold": -1.0},
+        {"metric": "logits_cosine_min", "op": ">=", "threshold": 0.999},
+        {"metric": "logits_kl_max", "op": "<=", "threshold": 1e-4},
+        {"metric": "layer_rel_l2_max", "op": "<=", "threshold": 0.05},
+        {"metric": "layer_cosine_min", "op": ">=", "threshold": 0.999},
+    ]
+    frame = compare.compare(a, b, gates=gates.parse([s | {"targets": ["cand"]} for s in specs]))
+    cand = frame.filter(pl.col("target") == "cand", pl.col("gate").is_not_null())
+    verdicts = {r["metric"]: (r["verdict_a"], r["verdict_b"]) for r in cand.iter_rows(named=True)}
+    assert verdicts == {
+        "task_accuracy_delta": ("PASS", "FAIL"),
+        "logits_cosine_min": ("PASS", "FAIL"),
+        "logits_kl_max": ("PASS", "FAIL"),
+        "layer_rel_l2_max": ("PASS", "FAIL"),
+        "layer_cosine_min": ("PASS", "PASS"),
+    }
+    delta = cand.filter(pl.col("metric") == "task_accuracy_delta").row(0, named=True)
+    assert (delta["a"], delta["b"], delta["direction"]) == (0.0, -100.0, "worse")
+    shown = compare.render(frame, run_a=a, run_b=b)
+    assert "m/cand: task_accuracy_delta >= -1: PASS -> FAIL" in shown
+    assert ["layer_rel_l2_max", "0", "0.1", "0.1", "—", "worse", "layer_rel_l2_max <= 0.05", "PASS", "FAIL"] in (
+        mdcheck.rows(shown)
+    )
