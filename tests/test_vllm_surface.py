@@ -277,7 +277,7 @@ SURFACE_CONSTANTS = {
     if isinstance(t, ast.Name)
 }
 FLAG = re.compile(r"^--[a-z][a-z0-9-]*[a-z0-9]$")
-ENV = re.compile(r"^VLLM_[A-Z0-9_]+$")
+ENV = re.compile(r"^VLLM_[A-Z0-9_]*[A-Z0-9]$")  # a variable, not a prefix such as "VLLM_ASCEND_"
 DOTTED = re.compile(r"^vllm(\.\w+)+$")
 
 
