@@ -100,15 +100,20 @@ class OpenAIEngine(Engine):
     def generate(self, shard: Shard) -> Generation:
         requests = [self._request(p) for p in shard.prompts]
         started, t0 = time.time(), time.perf_counter()
-        responses = self.http.post_many([(route, body) for route, body, _ in requests])
+        responses = self.http.post_many_timed([(route, body) for route, body, _ in requests])
         wall = time.perf_counter() - t0
         completions = [
-            self._completion(p, route, sent, resp)
-            for p, (route, _, sent), resp in zip(shard.prompts, requests, responses, strict=True)
+            self._completion(p, route, sent, resp, elapsed)
+            for p, (route, _, sent), (resp, elapsed) in zip(shard.prompts, requests, responses, strict=True)
         ]
         return to_generation(shard, self.model, completions, started_at=started, wall_s=wall)
 
-    def _completion(self, prompt: Prompt, route: str, sent: list[int] | None, resp: dict[str, Any]) -> Completion:
+    def _completion(
+        self, prompt: Prompt, route: str, sent: list[int] | None, resp: dict[str, Any], elapsed_s: float
+    ) -> Completion:
+        """One response as a Completion. Latencies come from vLLM's per-request metrics; a server
+        without them (vLLM < 0.32: no --enable-per-request-metrics) gives only the end-to-end time,
+        from client timestamps (the fallback run.json names), and null queue/TTFT/TPOT."""
         k = self.sampling.logprobs
         choice = resp["choices"][0]
         chat = route == "chat/completions"
@@ -142,7 +147,7 @@ class OpenAIEngine(Engine):
             queue_s=parts[0],
             ttft_s=parts[1],
             tpot_s=seconds(m, "mean_itl_ms"),
-            e2e_s=sum(p for p in parts if p is not None) if None not in parts else None,
+            e2e_s=sum(p for p in parts if p is not None) if None not in parts else None if m else elapsed_s,
         )
 
     def _steps(self, route: str, choice: dict[str, Any]) -> list[tuple[int, float, list[tuple[int, float]]]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -90,13 +91,19 @@ class OpenAIHttp:
 
     def post_many(self, requests: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         """POST (route, body) pairs, at most max_concurrency at once; responses in order."""
+        return [body for body, _ in self.post_many_timed(requests)]
+
+    def post_many_timed(self, requests: list[tuple[str, dict[str, Any]]]) -> list[tuple[dict[str, Any], float]]:
+        """`post_many`, each response with the seconds from its send to its full answer (client clock)."""
         limit = asyncio.Semaphore(self.max_concurrency)
 
-        async def one(session: aiohttp.ClientSession, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        async def one(session: aiohttp.ClientSession, route: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
             async with limit:
-                return await self.post(session, route, body)
+                t0 = time.perf_counter()
+                answer = await self.post(session, route, body)
+                return answer, time.perf_counter() - t0
 
-        async def run() -> list[dict[str, Any]]:
+        async def run() -> list[tuple[dict[str, Any], float]]:
             async with self.session(self.max_concurrency) as session:
                 return list(await asyncio.gather(*(one(session, route, body) for route, body in requests)))
 
