@@ -46,9 +46,11 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
     perf levels 1 and 4 and two smoke checks for `cand`, and probes of `ref` and `cand` (whose
     logits and hidden states are the reference's with `noise`)."""
     candidates = {"cand": DIVERGED if cand is None else cand, "v.eager-true": SAME, "v.eager-false": DIVERGED}
+    candidates["cand.repeat-2"] = candidates["cand"]  # `repeat: 2`: the candidate run again
     run = write_run(run_dir, candidates, expected=EXPECTED, **kwargs)
     store = RunStore(run)
-    store.update_info(manifest_resolved=store.info()["manifest_resolved"] | {"variants": VARIANTS})
+    extra = {"variants": VARIANTS, "repeats": {"cand.repeat-2": "cand"}}
+    store.update_info(manifest_resolved=store.info()["manifest_resolved"] | extra)
     weights = {"model": "m", "model_weights": "0123456789abcdef"}
     for level, wall_s in ((1, 2.0), (4, 1.0)):
         key = weights | {"target": "cand", "scenario": "decode", "level": level}
@@ -113,9 +115,10 @@ def test_every_section_in_every_format(full: RunReport) -> None:
         "logits": [logits_cos],
         "layers": ["decoder", "0.02"],
         "matrix": ["enforce_eager=False", "enforce_eager: true vs false", "s/p2"],
+        "noise_floor": ["cand.repeat-2", "bit-identical to its rerun"],
         "environment": ["Test CPU", "0123456789abcdef"],
         "architecture": ["LlamaForCausalLM", "10000.0", "40"],
-        "gates": ["FAIL: 2 of 6 gate checks fail.", "0.5 >= 1 is false"],
+        "gates": ["FAIL: 3 of 8 gate checks fail.", "0.5 >= 1 is false"],
     }
     titles = {key: s.title for key, s in sections(full).items()}
     assert set(data) == set(titles)
@@ -137,14 +140,16 @@ def test_tables_are_valid_markdown_with_their_headers(full: RunReport) -> None:
         assert list(columns.SEQUENCES.values()) in headers  # with the prompt set
         rows = mdcheck.rows(document)
         assert ["m", "cand", "chat/completions", "❌", "500", "0.07", "HTTP 500: a | b"] in rows
-        assert ["m", "cand", "s", "p2", "t5 t8 t9", "t5 t3 t9", "❌", "1", "✅", "❌"] in rows
+        # The divergence kind, margin and noise sit between the divergence and correctness columns.
+    head, tail = ["m", "cand", "s", "p2", "t5 t8 t9", "t5 t3 t9", "❌", "1", "divergence"], ["✅", "❌"]
+    assert any(row[:9] == head and row[-2:] == tail for row in rows)
 
 
 def test_absent_sections_say_so(tmp_path: Path) -> None:
     report = RunReport.build(write_run(tmp_path / "run", {"cand": SAME}))  # parity only, no gates
     for fmt, (document, ends) in rendered(report).items():
         by_title = {s.key: s.title for s in sections(report).values()}
-        for key in ("accuracy", "scenarios", "smoke", "logits", "layers", "matrix"):
+        for key in ("accuracy", "scenarios", "smoke", "logits", "layers", "matrix", "noise_floor"):
             assert NOT_MEASURED in chunk(document, by_title[key], ends=ends), (fmt, key)
         assert "No gates configured: no verdict." in chunk(document, by_title["gates"], ends=ends), fmt
         assert "m: config.json not readable from here." in document

@@ -24,6 +24,9 @@ PARITY = {
     "kl_topk_mean": "KL top-k",
     "first_divergence_mean": "first div (mean pos)",
     "n_diverged": "diverged",
+    "near_ties": "near ties",
+    "real_divergences": "real divergences",
+    "tf_p99_abs_logprob_diff": "TF p99 |dlogp| (noise)",
 }
 FIRST_STEP = {
     "model": "model",
@@ -47,6 +50,9 @@ SEQUENCES = {
     "cand_text": "candidate output",
     "match": "match",
     "first_divergence": "first divergence",
+    "kind": "divergence kind",
+    "ref_margin": "ref margin (nats)",
+    "noise": "noise (nats)",
     "ref_correct": "ref correct",
     "cand_correct": "cand correct",
 }
@@ -137,6 +143,16 @@ MATRIX = {
     "gates": "gates",
     "output_tok_s": "out tok/s",
     "failure": "failure",
+}
+NOISE_FLOOR = {
+    "model": "model",
+    "target": "target",
+    "copy": "repeated as",
+    "n_prompts": "prompts",
+    "seq_identical_rate": "identical sequences",
+    "tokens_compared": "tokens compared",
+    "max_abs_logprob_diff": "max |dlogp| vs itself",
+    "mean_abs_logprob_diff": "mean |dlogp| vs itself",
 }
 CONSISTENCY = {
     c: c

@@ -14,7 +14,7 @@ MD_ROWS = 50  # per-prompt rows shown; the worst first (sections.Table.worst)
 CHAPTERS = {  # after "1. Summary"; a chapter of one section is titled by it
     "environment": ["environment"],
     "architecture": ["architecture"],
-    "Accuracy": ["parity", "first_step", "sequences", "accuracy", "logits", "layers", "matrix"],
+    "Accuracy": ["parity", "first_step", "sequences", "accuracy", "logits", "layers", "matrix", "noise_floor"],
     "Performance": ["throughput", "scenarios", "smoke"],
     "Conclusion": ["gates"],
 }

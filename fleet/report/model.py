@@ -22,7 +22,7 @@ from typing import Any
 
 import polars as pl
 
-from fleet.analysis import consistency, probes
+from fleet.analysis import consistency, divergence, noise_floor, probes
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
 from fleet.analysis.perf import summary as perf_summary
@@ -58,6 +58,7 @@ class RunReport:
     layers: pl.DataFrame | None  # probes.layer_curve: the error-growth curve
     matrix: pl.DataFrame | None  # per variant: started, gates, throughput (columns.MATRIX)
     consistency: pl.DataFrame | None  # consistency.self_consistency between variants
+    noise_floor: pl.DataFrame | None  # noise_floor.self_parity of `repeat:` copies; None: no repeats
     verdicts: pl.DataFrame | None  # gates.evaluate; None: no gates
     environment: pl.DataFrame  # provenance: one row per key, one column per model/target
     architecture: dict[str, dict[str, Any]]  # model -> config.json fields and parameter count ({}: unreadable)
@@ -72,14 +73,20 @@ class RunReport:
         t = {name: frame.collect() for name, frame in reader.load(run_dir).items()}
         requests = t["requests"]
         accuracy = analysis.accuracy(requests, ref)
-        variants = (info.get("manifest_resolved") or {}).get("variants") or {}
+        manifest = info.get("manifest_resolved") or {}
+        variants, repeats = manifest.get("variants") or {}, manifest.get("repeats") or {}
+        near_tie_nats = (manifest.get("parity") or {}).get("near_tie_nats")
+        ties = divergence.summary(requests, t["tokens"], ref, near_tie_nats=near_tie_nats)
+        per_prompt = divergence.divergences(requests, t["tokens"], ref, near_tie_nats=near_tie_nats)
         report = cls(
             run_dir=run_dir,
             info=info,
             tables=t,
-            parity=analysis.parity(requests, t["tokens"], ref),
+            parity=analysis.parity(requests, t["tokens"], ref).join(ties, on=["model", "target"], how="left"),
             first_step=analysis.first_step(t["tokens"], ref),
-            sequences=_sequences(requests, ref),
+            sequences=_sequences(requests, ref).join(
+                per_prompt.select(*_CAND, "kind", "ref_margin", "noise"), on=_CAND, how="left"
+            ),
             accuracy=accuracy if accuracy.height else None,
             throughput=analysis.throughput(requests, t["shards"]),
             scenarios=perf_summary(t["perf_requests"], t["perf_levels"]) if t["perf_levels"].height else None,
@@ -88,6 +95,7 @@ class RunReport:
             layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
             matrix=None,
             consistency=_consistency(requests, variants) if variants else None,
+            noise_floor=noise_floor.self_parity(requests, t["tokens"], repeats) if repeats else None,
             verdicts=None,
             environment=_environment(info),
             architecture={m: architecture(info, m) for m in _models(info, requests)},

@@ -29,6 +29,7 @@ TITLES = {
     "logits": "Full-distribution probe (full vocabulary, vs reference)",
     "layers": "Layer-wise probe (error growth across depth, vs reference)",
     "matrix": "Feature matrix",
+    "noise_floor": "Noise floor (each repeated target against itself)",
     "environment": "Environment and provenance",
     "architecture": "Model architecture",
     "gates": "Gates",
@@ -77,6 +78,7 @@ def sections(report: RunReport) -> dict[str, Section]:
         "logits": _table(r.logits, columns.LOGITS),
         "layers": _table(r.layers, columns.LAYERS),
         "matrix": _matrix(r),
+        "noise_floor": _noise_floor(r),
         "environment": _table(r.environment if len(r.environment.columns) > 1 else None, {}),
         "architecture": [_architecture(model, arch) for model, arch in r.architecture.items()],
         "gates": _gates(r),
@@ -108,6 +110,31 @@ def _matrix(r: RunReport) -> list[Block]:
         "Greedy self-consistency between variants differing in one setting (must be identical):",
         Table(pairs, columns.CONSISTENCY) if pairs is not None else "no two variants differ in exactly one setting",
     ]
+
+
+def _noise_floor(r: RunReport) -> list[Block]:
+    """The floor, and what it says about each candidate's distance from the reference."""
+    if r.noise_floor is None or r.noise_floor.is_empty():
+        return []
+    lines = []
+    for row in r.noise_floor.iter_rows(named=True):
+        floor = row["max_abs_logprob_diff"]
+        vs_ref = r.parity.filter((pl.col("model") == row["model"]) & (pl.col("target") == row["target"]))
+        to_ref = vs_ref["tf_max_abs_logprob_diff"].item() if vs_ref.height else None
+        where = f"{row['model']} / {row['target']}"
+        if floor is None:
+            lines.append(f"{where}: no common prefix with its copy to compare.")
+        elif floor == 0:
+            lines.append(
+                f"{where}: bit-identical to its rerun (floor 0 within this run on this machine); its distance "
+                f"to the reference (TF max |dlogp| {_g(to_ref)}) is not run-to-run noise here. Another machine's "
+                "kernels may still differ, which the near-tie rule allows for."
+            )
+        elif to_ref is not None and to_ref <= floor:
+            lines.append(f"{where}: TF max |dlogp| to the reference {_g(to_ref)} is within its own noise {_g(floor)}.")
+        else:
+            lines.append(f"{where}: TF max |dlogp| to the reference {_g(to_ref)}; its own noise is {_g(floor)}.")
+    return [Table(r.noise_floor, columns.NOISE_FLOOR), lines]
 
 
 def _architecture(model: str, arch: dict[str, Any]) -> Block:
@@ -153,5 +180,11 @@ def sequence_totals(parity: pl.DataFrame) -> list[str]:
             f"({_pct(r['seq_match_rate'])}), token match {r['tokens_matched']}/{r['tokens_total']} "
             f"({_pct(r['token_match_rate'])}), "
             f"matched-token logprob r = {_g(r['pearson_r'])}, MAE = {_g(r['mae'])}"
+            + (
+                f"; of {r['n_diverged']} divergences {r['near_ties']} near ties "
+                f"(within the noise {_g(r['tf_p99_abs_logprob_diff'])} nats)"
+                if r.get("near_ties") is not None and r["n_diverged"]
+                else ""
+            )
         )
     return out
