@@ -27,7 +27,9 @@ from fleet.results.store import RUN_JSON
 Tables = dict[str, pl.LazyFrame]
 # name -> how to compute it from the stored tables and the reference target's name
 DERIVED: dict[str, Callable[[Tables, str], pl.DataFrame]] = {
-    "parity": lambda t, ref: analysis.parity(t["requests"], t["tokens"], ref),
+    "parity": lambda t, ref: analysis.parity(t["requests"], t["tokens"], ref).join(
+        divergence.summary(t["requests"], t["tokens"], ref), on=analysis.RUN, how="left"
+    ),
     "first_step": lambda t, ref: analysis.first_step(t["tokens"], ref),
     "sequences": lambda t, ref: analysis.sequences(t["requests"], ref),
     "kl_topk": lambda t, ref: analysis.kl_topk(t["tokens"], ref),
