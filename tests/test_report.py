@@ -25,6 +25,7 @@ from test_probes import layers_frame, logits_frame
 from fleet import cli
 from fleet.analysis import gates, probes
 from fleet.contracts import schema
+from fleet.contracts.gates import Gate
 from fleet.report import columns, compare, html, markdown, text
 from fleet.report.model import RunReport
 from fleet.report.sections import NOT_MEASURED, sections
@@ -217,3 +218,23 @@ def test_compare_checks_accuracy_and_probe_gates(tmp_path: Path) -> None:
     assert ["layer_rel_l2_max", "0", "0.1", "0.1", "—", "worse", "layer_rel_l2_max <= 0.05", "PASS", "FAIL"] in (
         mdcheck.rows(shown)
     )
+
+
+def test_perf_gates_name_their_scenario_and_level(tmp_path: Path) -> None:
+    run = write_full_run(tmp_path / "run")
+    measured = RunReport.build(run, gates=[]).scenarios
+    assert measured is not None
+    at4 = measured.filter((pl.col("target") == "cand") & (pl.col("level") == 4))["output_tok_s"].item()
+    spec = {"metric": "perf_output_tok_s", "op": ">=", "scenario": "decode", "level": 4, "targets": ["cand"]}
+    passing = Gate.model_validate(spec | {"threshold": 0.97, "baseline": {"cand": at4}})
+    failing = Gate.model_validate(spec | {"threshold": 0.97, "baseline": {"cand": at4 * 1.1}})
+    absent = Gate.model_validate(spec | {"threshold": 0.0, "level": 8})
+    verdicts = RunReport.build(run, gates=[passing, failing, absent]).verdicts
+    assert verdicts is not None
+    assert verdicts["verdict"].to_list() == ["PASS", "FAIL", "FAIL"]
+    assert verdicts["value"][0] == pytest.approx(at4) and "not measured" in verdicts["reason"][2]
+    assert "[decode @ 4]" in verdicts["gate"][0]
+    with pytest.raises(ValueError, match="set scenario and level"):
+        Gate.model_validate({"metric": "perf_output_tok_s", "op": ">=", "threshold": 1.0})
+    with pytest.raises(ValueError, match="apply to perf_\\* metrics only"):
+        Gate.model_validate({"metric": "output_tok_s", "op": ">=", "threshold": 1.0, "level": 1})

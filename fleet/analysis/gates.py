@@ -100,7 +100,7 @@ def evaluate(
     rows = []
     for gate in gates:
         for model, target in _selected(gate, pairs, reference):
-            value = measured.get((model, target, gate.metric))
+            value = measured.get((model, target, gate.key))
             rows.append(_verdict(gate, model, target, value, (model, target) in with_results))
             rows[-1]["evidence"] = evidence(run_dir, gate.metric, model, target, reference=reference)
     schema = {c: pl.Float64 if c in ("value", "threshold", "baseline") else pl.String for c in VERDICT_COLUMNS}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from fleet.contracts.base import Strict
 
@@ -57,6 +57,14 @@ METRICS: dict[str, tuple[str, bool, str]] = {
     "logits_cosine_min": ("logits", True, ""),
     "logits_kl_max": ("logits", True, ""),
 }
+# Perf-scenario figures (fleet/analysis/perf.py), one value per scenario and concurrency level:
+# a gate on them names both (`scenario`, `level`). Prefixed `perf_` so that `perf_output_tok_s`
+# (a perf level) and `output_tok_s` (parity shards) are never confused.
+PERF_COLUMNS = (
+    "qps", "output_tok_s", "total_tok_s", "prefill_tok_s", "n_errors",
+    *(f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", "p50", "p90", "p99")),
+)  # fmt: skip
+METRICS |= {f"perf_{c}": ("perf_requests", False, "") for c in PERF_COLUMNS}
 
 
 class Gate(Strict):
@@ -73,6 +81,24 @@ class Gate(Strict):
         None, min_length=1, description="Targets to check (default: every candidate; the reference only if named)."
     )
     name: str | None = Field(None, description="Label in the verdict table (default: 'metric op threshold').")
+    scenario: str | None = Field(None, description="For perf_* metrics: the perf scenario (required there).")
+    level: int | None = Field(None, ge=1, description="For perf_* metrics: the concurrency level (required there).")
+
+    @model_validator(mode="after")
+    def _perf_needs_scenario_and_level(self) -> Gate:
+        is_perf = self.metric.startswith("perf_")
+        if is_perf and (self.scenario is None or self.level is None):
+            msg = f"{self.metric} is a perf-scenario figure: set scenario and level (e.g. scenario: decode, level: 8)"
+            raise ValueError(msg)
+        if not is_perf and (self.scenario is not None or self.level is not None):
+            msg = f"scenario and level apply to perf_* metrics only, not {self.metric}"
+            raise ValueError(msg)
+        return self
+
+    @property
+    def key(self) -> str:
+        """The measured value's name: the metric, and for perf figures its scenario and level."""
+        return self.metric if self.scenario is None else perf_key(self.metric, self.scenario, self.level or 0)
 
     @field_validator("metric")
     @classmethod
@@ -92,7 +118,8 @@ class Gate(Strict):
 
     @property
     def label(self) -> str:
-        return self.name or f"{self.metric} {self.op} {self.threshold:g}{' x baseline' if self.baseline else ''}"
+        where = f" [{self.scenario} @ {self.level}]" if self.scenario is not None else ""
+        return self.name or f"{self.metric}{where} {self.op} {self.threshold:g}{' x baseline' if self.baseline else ''}"
 
     def bound(self, model: str, target: str) -> tuple[float | None, float | None]:
         """(effective threshold, baseline used); (None, None) when the baseline has no entry for the target."""
@@ -102,3 +129,8 @@ class Gate(Strict):
         if isinstance(self.baseline, dict):
             base = self.baseline.get(f"{model}/{target}", self.baseline.get(target))
         return (None, None) if base is None else (self.threshold * base, float(base))
+
+
+def perf_key(metric: str, scenario: str, level: int) -> str:
+    """How a perf figure is named among a target's metrics: `perf_output_tok_s@decode@8`."""
+    return f"{metric}@{scenario}@{level}"

@@ -26,7 +26,7 @@ from fleet.analysis import consistency, divergence, noise_floor, probes
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
 from fleet.analysis.perf import summary as perf_summary
-from fleet.contracts.gates import Gate
+from fleet.contracts.gates import PERF_COLUMNS, Gate, perf_key
 from fleet.report.svg import PALETTE
 from fleet.results import reader
 
@@ -148,6 +148,8 @@ class RunReport:
             frames.append(self.logits.drop("n_prompts"))
         if self.layers is not None:
             frames.append(probes.layer_summary(self.layers))
+        if self.scenarios is not None:
+            frames.append(_perf_metrics(self.scenarios))
         return frames
 
     def evaluate(self, gates: Sequence[Gate]) -> pl.DataFrame:
@@ -162,6 +164,15 @@ class RunReport:
             expected=gate_mod.expected_pairs(self.info),
             extra=extra,
         )
+
+
+def _perf_metrics(scenarios: pl.DataFrame) -> pl.DataFrame:
+    """Perf levels as one row per (model, target): `perf_<figure>@<scenario>@<level>` columns."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in scenarios.iter_rows(named=True):
+        row = rows.setdefault((r["model"], r["target"]), {"model": r["model"], "target": r["target"]})
+        row |= {perf_key(f"perf_{c}", r["scenario"], r["level"]): r.get(c) for c in PERF_COLUMNS}
+    return pl.DataFrame(list(rows.values()))
 
 
 def notices(info: dict[str, Any], requests: pl.DataFrame) -> list[str]:
