@@ -58,7 +58,7 @@ def model(name: str = "bench") -> tuple[ResolvedModel, Path]:
 
 def prompts(n: int) -> list[str]:
     """`n` distinct prompts: the first words of the corpus's sentences, cycled with a suffix."""
-    sentences = [s.strip() for s in (ROOT / "fleet" / "data" / "corpus.txt").read_text().split(".") if s.strip()]
+    sentences = [s.strip() for s in (ROOT / "actors" / "data" / "corpus.txt").read_text().split(".") if s.strip()]
     return [" ".join(sentences[i % len(sentences)].split()[:12]) + f" ({i})" for i in range(n)]
 
 
