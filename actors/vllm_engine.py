@@ -42,8 +42,10 @@ class VllmEngine(Engine):
             enforce_eager=args.enforce_eager,
             disable_log_stats=False,  # without it RequestOutput.metrics is None
             seed=self.sampling.seed,
-            # The actor holds all tp cards on one node; the engine spreads over them itself.
             tensor_parallel_size=args.tensor_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            # Chosen from the placement (fleet/contracts/targets.py), never guessed by vLLM.
+            distributed_executor_backend=args.executor,
             **({"max_logprobs": max(20, self.sampling.logprobs)} | extra | args.engine_args),
         )
         self.tokenizer = self.llm.get_tokenizer()
@@ -160,9 +162,13 @@ class VllmEngine(Engine):
         return probes.logits_table(probes.keys(self.model, self.args.name, prompt_set), out)
 
     def describe(self) -> dict[str, str]:
+        import json
+
         from actors.provenance import describe
 
-        return describe(self.args.device)
+        # Asked of every rank, wherever the executor runs it: the threads its torch really uses.
+        ranks = self.llm.collective_rpc(_torch_threads)
+        return describe(self.args.device) | {"rank_threads": json.dumps(ranks)}
 
     def shutdown(self) -> None:
         # Without an explicit shutdown the engine-core process outlives the actor (docs/platform.md).
@@ -190,3 +196,10 @@ class VllmEngine(Engine):
 def _step(entries: dict[int, Any]) -> Step:
     """A step of vLLM `Logprob`s as {token id: (rank, logprob)}."""
     return {t: (e.rank, e.logprob) for t, e in entries.items()}
+
+
+def _torch_threads(worker: Any) -> int:
+    """Run in each engine rank (LLM.collective_rpc hands it the rank's worker)."""
+    import torch
+
+    return int(torch.get_num_threads())
