@@ -65,17 +65,20 @@ def footprint(manifest: Manifest, cluster: dict[str, float]) -> dict[str, float]
 
 
 def check_fits(manifest: Manifest, cluster: dict[str, float], nodes: list[dict[str, float]] | None = None) -> None:
-    """Fail before anything starts when a target's cards are not on any one node, or the
+    """Fail before anything starts when a target's cards are not on any one node (a multi-node
+    target: its pipeline stages are not on as many nodes), or the
     reference and a candidate cannot hold cards at once: the reference stays up to score every
     candidate, so anything less would wait forever. (This cluster does not autoscale for us.)"""
     for target in manifest.targets:
         if nodes is not None and not places(target, nodes):
-            where = (
-                f"{target.pipeline_parallel_size} nodes' worth of {target.tensor_parallel_size}-card stages"
-                if target.spans_nodes
-                else "one node"
-            )
-            msg = f"target {target.name!r} needs {need(target)} on {where}; no node has that"
+            if target.spans_nodes:
+                tp, pp = target.tensor_parallel_size, target.pipeline_parallel_size
+                msg = (
+                    f"target {target.name!r} needs {pp} stages of {tp} cards, each stage on one node and the "
+                    f"actor's {target.num_cpus:g} CPUs beside one; no set of nodes has that"
+                )
+            else:
+                msg = f"target {target.name!r} needs {need(target)} on one node; no node has that"
             raise RuntimeError(msg)
     want = footprint(manifest, cluster)
     if not fits(want, cluster):
