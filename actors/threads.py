@@ -29,12 +29,14 @@ BIND = "VLLM_CPU_OMP_THREADS_BIND"
 class Threads:
     """The thread settings of one actor (and of the engine processes it starts)."""
 
-    threads: int  # OMP / MKL / torch threads of the actor's process
-    per_rank: int  # OpenMP threads of each engine rank
+    threads: int  # the CPU slots the actor holds, as whole cores
+    per_rank: int  # OMP / MKL / torch threads of each engine process (the actor's own included)
     cpu_bind: str | None  # VLLM_CPU_OMP_THREADS_BIND on cpu, else None
 
     def env(self) -> dict[str, str]:
-        out = {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
+        # MKL_NUM_THREADS too, at the per-rank count: torch takes it over OMP_NUM_THREADS, which is
+        # all vLLM sets for each rank it binds (measured: ranks ran 2 threads each on "0|1" otherwise).
+        out = {"OMP_NUM_THREADS": str(self.per_rank), "MKL_NUM_THREADS": str(self.per_rank)}
         return out | ({BIND: self.cpu_bind} if self.cpu_bind is not None else {})
 
 

@@ -166,9 +166,13 @@ class VllmEngine(Engine):
 
         from actors.provenance import describe
 
-        # Asked of every rank, wherever the executor runs it: the threads its torch really uses.
-        ranks = self.llm.collective_rpc(_torch_threads)
-        return describe(self.args.device) | {"rank_threads": json.dumps(ranks)}
+        # Asked of every rank, wherever the executor runs it: the threads its torch really uses,
+        # and over several nodes (this actor then holds no card) the device facts, from rank 0's.
+        spans = self.args.spans_nodes
+        ranks = self.llm.collective_rpc(_rank_facts, args=(self.args.device, spans))
+        info = ranks[0]["device"] if spans else describe(self.args.device)
+        info |= {"rank_threads": json.dumps([r["torch_threads"] for r in ranks])}
+        return info | ({"rank_hosts": json.dumps([r["hostname"] for r in ranks])} if spans else {})
 
     def shutdown(self) -> None:
         # Without an explicit shutdown the engine-core process outlives the actor (docs/platform.md).
@@ -198,8 +202,13 @@ def _step(entries: dict[int, Any]) -> Step:
     return {t: (e.rank, e.logprob) for t, e in entries.items()}
 
 
-def _torch_threads(worker: Any) -> int:
+def _rank_facts(worker: Any, device: str, with_device: bool) -> dict[str, Any]:
     """Run in each engine rank (LLM.collective_rpc hands it the rank's worker)."""
+    import socket
+
     import torch
 
-    return int(torch.get_num_threads())
+    from actors.provenance import describe
+
+    facts: dict[str, Any] = {"torch_threads": int(torch.get_num_threads()), "hostname": socket.gethostname()}
+    return facts | ({"device": describe(device)} if with_device else {})

@@ -18,7 +18,9 @@ def test_one_rank_is_not_bound_and_runs_num_cpus_threads() -> None:
 
 
 def test_tensor_parallel_ranks_get_disjoint_core_sets() -> None:
-    assert threads.plan(VllmArgs(name="v", tensor_parallel_size=2, num_cpus=2), cores=[0, 1]).cpu_bind == "0|1"
+    plan = threads.plan(VllmArgs(name="v", tensor_parallel_size=2, num_cpus=2), cores=[0, 1])
+    # MKL_NUM_THREADS at the rank's count too: torch prefers it to the OMP_NUM_THREADS vLLM sets per rank.
+    assert plan.env() == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
     plan = threads.plan(VllmArgs(name="v", tensor_parallel_size=2, num_cpus=4), cores=[3, 2, 1, 0, 7])
     assert (plan.cpu_bind, plan.per_rank) == ("0-1|2-3", 2)
     # The cores this process may run on, not core 0 upwards: a cgroup or taskset may narrow them.
