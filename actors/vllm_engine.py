@@ -44,9 +44,13 @@ class VllmEngine(Engine):
             seed=self.sampling.seed,
             tensor_parallel_size=args.tensor_parallel_size,
             pipeline_parallel_size=args.pipeline_parallel_size,
-            # Chosen from the placement (fleet/contracts/targets.py), never guessed by vLLM.
-            distributed_executor_backend=args.executor,
-            **({"max_logprobs": max(20, self.sampling.logprobs)} | extra | args.engine_args),
+            # The executor is chosen from the placement (fleet/contracts/targets.py), never guessed
+            # by vLLM; engine_args may still override it, like everything in this dict.
+            **(
+                {"max_logprobs": max(20, self.sampling.logprobs), "distributed_executor_backend": args.executor}
+                | extra
+                | args.engine_args
+            ),
         )
         self.tokenizer = self.llm.get_tokenizer()
         # The first request with logprobs pays one-off costs (~2 s); keep them out of the timings.
