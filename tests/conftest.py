@@ -14,6 +14,8 @@ import pytest
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+# The harness's own tests may name the test-double kind (fleet/contracts/targets.py).
+os.environ["FLEET_ALLOW_TEST_DOUBLE"] = "1"
 
 # 8 prompts x 32 tokens, as in docs/platform.md's parity table.
 PROMPTS = [

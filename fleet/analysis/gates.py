@@ -83,13 +83,17 @@ def evaluate(
     reference: str,
     expected: Iterable[tuple[str, str]] = (),
     extra: Sequence[pl.DataFrame] = (),
+    doubles: Iterable[str] = (),
 ) -> pl.DataFrame:
     """One verdict row per gate x selected (model, target), columns VERDICT_COLUMNS + evidence.
 
     Selected pairs are those with any result (or listed in `expected`, e.g. the manifest's models x
     targets, so a target that failed outright is a FAIL rather than absent), minus the reference
     unless a gate names it. `extra` holds probe frames keyed by model/target with metric columns.
+    `doubles` are targets that ran the test double (no model): no gate passes on one of them, or
+    on anything compared with a test-double reference.
     """
+    doubles = set(doubles)
     measured: dict[tuple[str, str, str], Any] = {}
     for frame in (parity_df, throughput_df, *extra):
         for row in frame.iter_rows(named=True):
@@ -102,6 +106,9 @@ def evaluate(
         for model, target in _selected(gate, pairs, reference):
             value = measured.get((model, target, gate.key))
             rows.append(_verdict(gate, model, target, value, (model, target) in with_results))
+            double = next((t for t in (target, reference) if t in doubles), None)
+            if double is not None and rows[-1]["verdict"] == "PASS":
+                rows[-1] |= {"verdict": "FAIL", "reason": f"{double} is a test double (no model ran): never a PASS"}
             rows[-1]["evidence"] = evidence(run_dir, gate.metric, model, target, reference=reference)
     schema = {c: pl.Float64 if c in ("value", "threshold", "baseline") else pl.String for c in VERDICT_COLUMNS}
     return pl.DataFrame(rows, schema={**schema, "evidence": pl.String})
@@ -145,6 +152,13 @@ def passed(verdicts: pl.DataFrame) -> bool:
 def from_info(info: Mapping[str, Any]) -> list[Gate]:
     """The gates recorded in run.json (the validated manifest's `gates:` section), if any."""
     return parse((info.get("manifest_resolved") or {}).get("gates") or [], source="run.json gates")
+
+
+def test_doubles(info: Mapping[str, Any]) -> list[str]:
+    """Targets whose recorded provenance says the test double ran them (actors/test_double.py)."""
+    provenance = info.get("provenance") or {}
+    found = [key for key, p in provenance.items() if isinstance(p, dict) and p.get("device") == "test-double"]
+    return sorted({key.split("/", 1)[-1] for key in found})
 
 
 def expected_pairs(info: Mapping[str, Any]) -> list[tuple[str, str]]:
