@@ -30,7 +30,8 @@ _SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "
 
 def cut(text: str, limit: int = 160) -> str:
     """`text` cut to about `limit` characters, on one line: a 200 kB value is not echoed."""
-    text = " ".join(text.split())
+    indent = text[: len(text) - len(text.lstrip(" "))]
+    text = indent + " ".join(text.split())
     return text if len(text) <= limit else f"{text[: limit - 16]}...({len(text)} chars)"
 
 

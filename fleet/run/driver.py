@@ -100,7 +100,7 @@ def check(
     manifest = manifest_mod.load(manifest_path)
     if "://" in str(results_dir):
         check_url(str(results_dir), what="--results")
-    run_id = check_name(run_id or default_run_id(manifest_path), what="--run-id")
+    run_id = check_name(default_run_id(manifest_path) if run_id is None else run_id, what="--run-id")
     run_dir = join(results_dir, run_id)
     inside(results_dir, run_dir, what="--run-id")
     with _storage(run_dir):
