@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import yaml
 from pydantic import ValidationError
 
 from fleet.contracts.errors import UserError
 from fleet.contracts.gates import METRICS, Gate
+from fleet.contracts.inputs import load_yaml, read_text
 from fleet.results import store
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
@@ -56,11 +56,7 @@ def parse(raw: Any, *, source: str = "gates") -> list[Gate]:
 def load(path: str | Path) -> list[Gate]:
     """Gates from a YAML file: a list, or a mapping with one key `gates`."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        msg = f"{path}: cannot read gates: {e}"
-        raise UserError(msg) from None
+    raw = load_yaml(read_text(path, what="gates file"), source=str(path))
     return parse(raw, source=str(path))
 
 
