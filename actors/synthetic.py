@@ -42,7 +42,7 @@ def build(spec: SyntheticSource, out_dir: Path) -> Path:
         _write_model(spec, tmp)
         return spec.model_dump_json() + "\n"
 
-    return build_once(Path(out_dir), write, marker=MARKER)
+    return build_once(Path(out_dir), write, marker=MARKER, root=Path(out_dir).parent)
 
 
 def _check(spec: SyntheticSource) -> None:

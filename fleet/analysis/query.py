@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 from fleet.analysis import divergence, perf
 from fleet.analysis import parity as analysis
 from fleet.contracts.errors import UserError
+from fleet.contracts.inputs import cut
 from fleet.results import reader, store
 from fleet.results.store import RUN_JSON
 
@@ -66,8 +67,13 @@ def tables(run_dir: str | Path) -> Tables:
     """The stored tables of run_dir (a local directory or a URI) by name: the three of fleet.schema
     plus any other Parquet directory."""
     fs, root = store.locate(run_dir)
-    if fs.get_file_info(root).type != pafs.FileType.Directory:
-        msg = f"{run_dir}: no such run directory"
+    try:
+        kind = fs.get_file_info(root).type
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        msg = f"{cut(str(run_dir), 200)}: cannot read it: {cut(str(e), 120)}"
+        raise UserError(msg) from None
+    if kind != pafs.FileType.Directory:
+        msg = f"{cut(str(run_dir), 200)}: no such run directory"
         raise UserError(msg)
     found = reader.load(run_dir)
     subdirs = fs.get_file_info(pafs.FileSelector(root))
@@ -79,10 +85,11 @@ def tables(run_dir: str | Path) -> Tables:
 
 
 def _reference(run_dir: str | Path) -> str | None:
-    try:
-        return store.RunStore(run_dir).info().get("reference")
-    except FileNotFoundError:
+    """The run's reference target; None when there is no run.json (a copied table directory)."""
+    fs, root = store.locate(run_dir)
+    if fs.get_file_info(f"{root}/{RUN_JSON}").type == pafs.FileType.NotFound:
         return None
+    return str(reader.read_info(run_dir)["reference"])
 
 
 def context(run_dir: str | Path, *, sql: str = "") -> pl.SQLContext[pl.LazyFrame]:
@@ -106,7 +113,8 @@ def query(run_dir: str | Path, sql: str) -> pl.DataFrame:
         return ctx.execute(sql).collect()
     except pl.exceptions.PolarsError as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        msg = f"query failed: {first_line}\n{describe(run_dir)}"
+        msg = f"query failed: {cut(first_line, 200)}\n"
+        msg += f"tables: {', '.join([*ctx.tables()])} (their columns: fleet query RUN_DIR --tables)"
         raise UserError(msg) from None
 
 

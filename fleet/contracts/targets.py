@@ -12,14 +12,17 @@ args model here, and one line in BACKENDS.
 from __future__ import annotations
 
 import importlib
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from fleet.contracts.base import Device, DType, Name, Strict
+from fleet.contracts.base import MAX_COUNT, MAX_NAME, MAX_TIMEOUT_S, Device, DType, Name, Strict, UserPath
+from fleet.contracts.errors import UserError
+from fleet.contracts.inputs import check_url, is_secret_name
 from fleet.contracts.spec import ProbeKind
 
 # What an engine can do beyond generate/score/describe/shutdown; the scheduler asks only for these.
@@ -40,11 +43,12 @@ class TargetArgs(Strict):
     kind: str = Field(description="Backend key; see BACKENDS in fleet/contracts/targets.py.")
     device: Device = Field("cpu", description="cpu, cuda (one GPU per actor) or npu (one Ascend card per actor).")
     dtype: DType = Field("bfloat16", description="Weights and activations dtype.")
-    num_cpus: float = Field(1.0, gt=0, description="Ray CPU slots the actor holds (its only resource on cpu).")
-    tensor_parallel_size: int = Field(1, ge=1, description="Cards each pipeline stage spans, all on one node.")
+    num_cpus: float = Field(1.0, gt=0, le=1024, description="Ray CPU slots the actor holds (its only resource on cpu).")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="Cards each pipeline stage spans, all on one node.")
     pipeline_parallel_size: int = Field(
         1,
         ge=1,
+        le=64,
         description="Pipeline stages; above 1 the engine spans nodes (one Ray bundle per card, vLLM's Ray executor).",
     )
     resources: dict[str, float] = Field(
@@ -54,6 +58,17 @@ class TargetArgs(Strict):
     parity: bool = Field(
         True, description="Run the parity prompts here (false: a perf-only target, e.g. dummy weights)."
     )
+
+    @field_validator("env")
+    @classmethod
+    def _no_secrets_in_env(cls, env: dict[str, str]) -> dict[str, str]:
+        # The manifest is recorded whole in run.json: a token written here would be stored with it.
+        secret = sorted(k for k in env if is_secret_name(k))
+        if secret:
+            msg = f"{', '.join(k[:40] for k in secret)}: looks like a credential, and the manifest is recorded "
+            msg += "in run.json; set it in the environment Ray workers start with instead"
+            raise ValueError(msg)
+        return env
 
     def can(self, capability: Capability) -> bool:
         return capability in self.capabilities
@@ -143,7 +158,9 @@ class VllmArgs(TargetArgs):
 
     runs_torch: ClassVar[bool] = True
     kind: Literal["vllm"] = "vllm"
-    max_model_len: int | None = Field(None, ge=16, description="Context length; the model's own when unset.")
+    max_model_len: int | None = Field(
+        None, ge=16, le=1 << 24, description="Context length; the model's own when unset."
+    )
     enforce_eager: bool = Field(True, description="Skip graph capture / torch.compile (graph mode: false).")
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Passed to vllm.LLM as is (e.g. max_num_seqs, gpu_memory_utilization)."
@@ -175,7 +192,7 @@ class HFArgs(TargetArgs):
     kind: Literal["hf"] = "hf"
     dtype: DType = Field("float32", description="Weights and activations dtype.")
     attn_implementation: Literal["eager", "sdpa"] = Field("sdpa", description="transformers attention kernel.")
-    score_batch_size: int = Field(8, ge=1, description="Sequences per forward pass when scoring.")
+    score_batch_size: int = Field(8, ge=1, le=4096, description="Sequences per forward pass when scoring.")
 
     @model_validator(mode="after")
     def _one_card(self) -> HFArgs:
@@ -191,7 +208,9 @@ class VllmServerArgs(TargetArgs):
     capabilities: ClassVar[frozenset[Capability]] = frozenset({"perf", "smoke"})
 
     kind: Literal["vllm-server"] = "vllm-server"
-    max_model_len: int | None = Field(None, ge=16, description="Context length; the model's own when unset.")
+    max_model_len: int | None = Field(
+        None, ge=16, le=1 << 24, description="Context length; the model's own when unset."
+    )
     enforce_eager: bool = Field(True, description="Skip graph capture / torch.compile (graph mode: false).")
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Server flags by engine-arg name: {max_num_seqs: 8} is --max-num-seqs 8."
@@ -202,12 +221,19 @@ class VllmServerArgs(TargetArgs):
     api_key_env: str | None = Field(
         None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=MAX_NAME,
         description="Environment variable holding the key the server demands; a random key when unset.",
     )
-    startup_timeout_s: float = Field(600, gt=0, description="Seconds to wait for /v1/models to answer.")
-    stop_timeout_s: float = Field(30, gt=0, description="Seconds between SIGTERM and SIGKILL on shutdown.")
-    request_timeout_s: float = Field(600, gt=0, description="Longest silence on one request before it fails.")
-    max_concurrency: int = Field(64, ge=1, description="Requests in flight at once for generate and score.")
+    startup_timeout_s: float = Field(
+        600, gt=0, le=MAX_TIMEOUT_S, description="Seconds to wait for /v1/models to answer."
+    )
+    stop_timeout_s: float = Field(
+        30, gt=0, le=MAX_TIMEOUT_S, description="Seconds between SIGTERM and SIGKILL on shutdown."
+    )
+    request_timeout_s: float = Field(
+        600, gt=0, le=MAX_TIMEOUT_S, description="Longest silence on one request before it fails."
+    )
+    max_concurrency: int = Field(64, ge=1, le=4096, description="Requests in flight at once for generate and score.")
 
     def actor_env(self) -> dict[str, str]:
         return (CPU_ENV if self.device == "cpu" else {}) | self.env
@@ -229,19 +255,43 @@ class EndpointArgs(TargetArgs):
 
     kind: Literal["endpoint"] = "endpoint"
     base_url: str = Field(
-        # No user:password@ in the URL: the manifest is recorded in run.json; keys go in api_key_env.
-        pattern=r"^https?://[^/@]+(/[^@]*)?$",
+        max_length=2000,
         description="API root including /v1, e.g. http://host:8000/v1 (no credentials in it).",
     )
     api_key_env: str | None = Field(
-        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Name of the environment variable holding the key."
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=MAX_NAME,
+        description="Name of the environment variable holding the key.",
     )
-    served_model: str | None = Field(None, description="The API's model name; the first it lists when unset.")
+    served_model: str | None = Field(
+        None, min_length=1, max_length=512, description="The API's model name; the first it lists when unset."
+    )
     send_token_ids: bool = Field(
         False, description="Send prompts as locally tokenized ids (servers without vLLM's return_token_ids)."
     )
-    request_timeout_s: float = Field(600, gt=0, description="Longest silence on one request before it fails.")
-    max_concurrency: int = Field(64, ge=1, description="Requests in flight at once for generate and score.")
+    request_timeout_s: float = Field(
+        600, gt=0, le=MAX_TIMEOUT_S, description="Longest silence on one request before it fails."
+    )
+    max_concurrency: int = Field(64, ge=1, le=4096, description="Requests in flight at once for generate and score.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _recordable_url(cls, url: str) -> str:
+        # No user:password@ and no ?api_key=: the manifest is recorded in run.json; keys go in
+        # api_key_env. The message says which rule, never the value (check_url).
+        if not re.fullmatch(r"https?://[^/?#\s]+(/\S*)?", url):
+            msg = "expected an http:// or https:// URL such as http://host:8000/v1"
+            raise ValueError(msg)
+        try:
+            return check_url(url, what="base_url")
+        except UserError as e:
+            raise ValueError(str(e).removeprefix("base_url: ")) from None
+
+
+# Set by tests/conftest.py and benchmarks/_common.py: the test double's knobs kill processes and
+# write files where told, so no production manifest may name it.
+TEST_DOUBLE_ENV = "FLEET_ALLOW_TEST_DOUBLE"
 
 
 class TestDoubleArgs(TargetArgs):
@@ -250,14 +300,22 @@ class TestDoubleArgs(TargetArgs):
     __test__ = False  # not a pytest test class, despite the name
 
     kind: Literal["test-double"] = "test-double"
-    vocab_size: int = Field(1000, ge=10, description="Pseudo vocabulary size.")
-    seconds_per_token: float = Field(0.0, ge=0, description="Sleep per generated token (per request).")
-    logprob_shift: float = Field(0.0, description="Added to every logprob: a candidate that drifts.")
-    fault_dir: Path | None = Field(None, description="Where once-only fault markers live (required for faults).")
+    vocab_size: int = Field(1000, ge=10, le=MAX_COUNT, description="Pseudo vocabulary size.")
+    seconds_per_token: float = Field(0.0, ge=0, le=60, description="Sleep per generated token (per request).")
+    logprob_shift: float = Field(0.0, ge=-100, le=100, description="Added to every logprob: a candidate that drifts.")
+    fault_dir: UserPath | None = Field(None, description="Where once-only fault markers live (required for faults).")
     hang_shards: list[str] = Field(default_factory=list, description="Shard ids whose first attempt hangs.")
     die_shards: list[str] = Field(default_factory=list, description="Shard ids whose first attempt kills the process.")
     nan_shards: list[str] = Field(default_factory=list, description="Shard ids whose logprobs are NaN.")
     fail_to_load: bool = Field(False, description="Raise in the constructor, like a model that cannot load.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _opt_in(cls, data: Any) -> Any:
+        if os.environ.get(TEST_DOUBLE_ENV) != "1":
+            msg = f"kind test-double is for the harness's own tests: it runs only with {TEST_DOUBLE_ENV}=1"
+            raise ValueError(msg)
+        return data
 
 
 @dataclass(frozen=True)

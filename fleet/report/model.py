@@ -70,7 +70,8 @@ class RunReport:
         """Read and compute. `gates` None means the gates recorded in run.json; [] means no verdicts."""
         info = reader.read_info(run_dir)
         ref = info["reference"]
-        t = {name: frame.collect() for name, frame in reader.load(run_dir).items()}
+        with reader.decoding(run_dir):  # every stored row is read here; analysis works in memory
+            t = {name: frame.collect() for name, frame in reader.load(run_dir).items()}
         requests = t["requests"]
         accuracy = analysis.accuracy(requests, ref)
         manifest = info.get("manifest_resolved") or {}
@@ -163,6 +164,7 @@ class RunReport:
             reference=self.reference,
             expected=gate_mod.expected_pairs(self.info),
             extra=extra,
+            doubles=gate_mod.test_doubles(self.info),
         )
 
 
@@ -181,7 +183,7 @@ def notices(info: dict[str, Any], requests: pl.DataFrame) -> list[str]:
     out += [f"FAILED shard {shard}: {reason}" for shard, reason in (info.get("failed_shards") or {}).items()]
     if info.get("retries"):
         out.append(f"retried calls: {info['retries']} (faults survived; rows are written once per shard)")
-    doubles = [k for k, p in (info.get("provenance") or {}).items() if p.get("device") == "test-double"]
+    doubles = [k for k, p in (info.get("provenance") or {}).items() if (p or {}).get("device") == "test-double"]
     if doubles:
         out.append(f"TEST DOUBLE targets (no model ran; figures are meaningless): {', '.join(doubles)}")
     weights = requests.group_by("model", maintain_order=True).agg(pl.col("model_weights").unique())

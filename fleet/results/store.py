@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from fleet.contracts import schema
 from fleet.contracts.errors import UserError
+from fleet.contracts.inputs import inside
 from fleet.contracts.spec import PROBE_KINDS, ProbeKind
 
 RUN_JSON = "run.json"
@@ -112,6 +113,7 @@ class RunStore:
         data = schema.conform(data, schema.all_tables()[table])
         weights = data.column("model_weights")[0].as_py() if data.num_rows else "none"
         path = "/".join([self.root, *_layout(table, shard_id, weights)])
+        inside(self.root, path, what=f"{table} rows of {shard_id[:200]}")  # names are validated; this is the guard
         if self.local:  # straight to the temp file: no in-memory copy of a big shard
             tmp = self._temp(path)
             pq.write_table(data, tmp, compression="zstd", compression_level=1)

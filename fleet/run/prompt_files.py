@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fleet.contracts.inputs import check_path_text
+
 BUILTIN_DIR = Path(__file__).parent.parent / "data" / "prompts"
 
 
@@ -38,12 +40,20 @@ def read_jsonl(path: Path, set_name: str) -> list[dict[str, Any]]:
 def expand(name: str, spec: Any, base_dir: Path) -> Any:
     """A manifest prompt-set entry as a list of prompt dicts: inline, {file: ...} or {builtin: ...}."""
     if isinstance(spec, dict) and set(spec) == {"file"}:
-        return read_jsonl(base_dir / spec["file"], name)
+        try:  # the one check every user path gets (fleet/contracts/inputs.py)
+            file = check_path_text(spec["file"])
+        except ValueError as e:
+            msg = f"prompt set {str(name)[:60]!r}: file: {e}"
+            raise ValueError(msg) from None
+        try:
+            return read_jsonl(base_dir / file, name)
+        except (OSError, UnicodeDecodeError) as e:  # unreadable or not UTF-8: the set's error, not a crash
+            msg = f"prompt set {str(name)[:60]!r}: cannot read {str(file)[:200]}: {str(e)[:120]}"
+            raise ValueError(msg) from None
     if isinstance(spec, dict) and set(spec) == {"builtin"}:
-        if spec["builtin"] not in builtin_names():
-            msg = (
-                f"prompt set {name!r}: no built-in set {spec['builtin']!r}; built-in sets: {', '.join(builtin_names())}"
-            )
+        if not isinstance(spec["builtin"], str) or spec["builtin"] not in builtin_names():
+            msg = f"prompt set {str(name)[:60]!r}: no built-in set {str(spec['builtin'])[:60]!r}; "
+            msg += f"built-in sets: {', '.join(builtin_names())}"
             raise ValueError(msg)
         return read_jsonl(BUILTIN_DIR / f"{spec['builtin']}.jsonl", name)
     return spec
