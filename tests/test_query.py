@@ -44,7 +44,7 @@ def test_empty_run_is_queryable(tmp_path: Path) -> None:
 
 
 def test_errors_name_tables_and_columns(run: Path, tmp_path: Path) -> None:
-    with pytest.raises(UserError, match=r"(?s)query failed: .*nosuch.*\n  tokens: model, .*position"):
+    with pytest.raises(UserError, match=r"(?s)query failed: .*nosuch.*\n  tokens: run_id, model, .*position"):
         query.query(run, "SELECT nosuch FROM tokens")
     with pytest.raises(UserError, match="query failed"):
         query.query(run, "SELEC 1")

@@ -99,13 +99,13 @@ def test_store_on_s3(s3: str) -> None:
     run = RunStore.create(f"{s3}/unit", {"run_id": "unit"})
     row = {"model": ["m"], "model_weights": ["w"], "target": ["t"], "prompt_set": ["s"], "shard_id": ["m/t/s/00000"]}
     path = run.write("shards", "m/t/s/00000", pa.table(row))
-    assert path == f"{s3}/unit/shards/m/w/t/s-00000.parquet"
+    assert path == f"{s3}/unit/shards/model=m/model_weights=w/target=t/s-00000.parquet"
     assert run.completed_shards() == {"m/t/s/00000"}
     run.update_info(status="complete")
     assert run.info()["status"] == "complete" and run.info()["run_id"] == "unit"
     assert sorted(objects(f"{s3}/unit")) == [
         "bucket/prefix/unit/run.json",
-        "bucket/prefix/unit/shards/m/w/t/s-00000.parquet",
+        "bucket/prefix/unit/shards/model=m/model_weights=w/target=t/s-00000.parquet",
     ]
     with pytest.raises(FileExistsError):
         RunStore.create(f"{s3}/unit", {})

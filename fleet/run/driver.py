@@ -13,17 +13,20 @@ import os
 import platform
 import socket
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from fleet.contracts.errors import UserError
+from fleet.contracts.schema import SCHEMA_VERSION
 from fleet.contracts.spec import Shard
 from fleet.contracts.targets import SOURCE_PREFLIGHT, engine_side
 from fleet.results.store import RUN_JSON, RunStore, join, now
 from fleet.run import manifest as manifest_mod
 from fleet.run.placement import check_fits
 from fleet.run.plan import PerfRun, ProbeRun, plan, plan_perf, plan_probes
+from fleet.run.progress import Progress
 from fleet.run.scheduler import Outcome, execute
 
 
@@ -130,7 +133,14 @@ def resume(
         except FileNotFoundError:
             msg = f"{run_dir}: not a run directory (no {RUN_JSON})"
             raise UserError(msg) from None
-    manifest = manifest_mod.Manifest.model_validate(info["manifest_resolved"])
+    if info.get("schema_version") != SCHEMA_VERSION:
+        msg = f"{run_dir}: written with schema version {info.get('schema_version')}; this fleet-eval writes "
+        msg += f"{SCHEMA_VERSION} and cannot add to it (report, compare and query still read it)"
+        raise UserError(msg)
+    try:
+        manifest = manifest_mod.Manifest.model_validate(info["manifest_resolved"])
+    except ValueError as e:  # e.g. its prompt file changed since the run started
+        raise UserError(f"{run_dir}: {e}") from None
     done, perf_done = store.completed_shards(), store.completed_perf()
     todo = [s for s in plan(manifest) if s.shard_id not in done]
     perf_todo = [p for p in plan_perf(manifest) if p.run_id not in perf_done]
@@ -187,13 +197,11 @@ def _execute(
     failed_before_start: dict[str, str] | None = None,
 ) -> Outcome:
     """Dispatch shards and perf levels, then record in run.json how it ended (also when interrupted)."""
-    from tqdm import tqdm
-
     before = before or {}
     status, outcome = "interrupted", Outcome()
     try:
-        total = len(shards) + len(perf)
-        with tqdm(total=total, unit="shard", desc="shards+perf", disable=not progress, file=sys.stderr) as bar:
+        planned = Counter(s.model for s in shards) + Counter(p.model for p in perf)
+        with Progress(planned, enabled=progress) as bar:
             outcome = execute(manifest, shards, perf, store, bar, cluster=cluster, probes=probes)
         outcome.failures = (failed_before_start or {}) | outcome.failures
         status = "partial" if outcome.partial else "complete"

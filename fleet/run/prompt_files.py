@@ -1,4 +1,5 @@
-"""Prompt sets from files: JSONL prompt files next to the manifest, and the built-in sets
+"""Prompt sets from files: prompt files next to the manifest (JSONL, Parquet, CSV with a column
+mapping, read by the shards themselves: fleet/contracts/prompt_source.py), and the built-in sets
 (fleet/data/prompts/<name>.jsonl), usable by name: `prompts: {six: {builtin: smollm-six}}`."""
 
 from __future__ import annotations
@@ -6,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+from fleet.contracts.prompt_source import PromptFile, check, digest
 
 BUILTIN_DIR = Path(__file__).parent.parent / "data" / "prompts"
 
@@ -36,9 +39,10 @@ def read_jsonl(path: Path, set_name: str) -> list[dict[str, Any]]:
 
 
 def expand(name: str, spec: Any, base_dir: Path) -> Any:
-    """A manifest prompt-set entry as a list of prompt dicts: inline, {file: ...} or {builtin: ...}."""
-    if isinstance(spec, dict) and set(spec) == {"file"}:
-        return read_jsonl(base_dir / spec["file"], name)
+    """A manifest prompt-set entry: inline (a list of prompt dicts), {builtin: ...} (read here:
+    built-in sets are small) or {file: ..., <column mapping>} (checked once, then read by shards)."""
+    if isinstance(spec, dict) and "file" in spec:
+        return _prompt_file(name, spec, base_dir)
     if isinstance(spec, dict) and set(spec) == {"builtin"}:
         if spec["builtin"] not in builtin_names():
             msg = (
@@ -47,3 +51,20 @@ def expand(name: str, spec: Any, base_dir: Path) -> Any:
             raise ValueError(msg)
         return read_jsonl(BUILTIN_DIR / f"{spec['builtin']}.jsonl", name)
     return spec
+
+
+def _prompt_file(name: str, spec: dict[str, Any], base_dir: Path) -> PromptFile:
+    """The file checked (rows counted, ids unique, every row a prompt), or, on resume (rows
+    already counted), checked to be the same bytes the run started with."""
+    try:
+        source = PromptFile.model_validate(spec)
+        source = source.model_copy(update={"file": (base_dir / source.file).resolve()})
+        if source.rows is None:
+            return check(source)
+        if not source.file.is_file() or digest(source.file) != source.sha256:
+            msg = f"{source.file} is not the file this run started with (sha256 {source.sha256})"
+            raise ValueError(msg)
+    except ValueError as e:
+        msg = f"prompt set {name!r}: {str(e).splitlines()[-1].strip().removeprefix('Value error, ')}"
+        raise ValueError(msg) from None
+    return source
