@@ -90,7 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--shard-size", type=int, default=2000)
-    parser.add_argument("--tokens", type=int, default=4, help="tokens generated per prompt")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens generated per prompt")
     parser.add_argument("--one", nargs=2, metavar=("MANIFEST", "RESULTS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

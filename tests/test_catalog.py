@@ -3,6 +3,7 @@ aggregates; a results root lists its runs and answers one SQL query over all of 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import duckdb
@@ -85,3 +86,30 @@ def test_report_takes_a_run_id(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "not a run directory, nor a run id under" in capsys.readouterr().err
     with pytest.raises(UserError, match="no such results directory"):
         catalog.runs(tmp_path / "nowhere")
+
+
+def test_schema_2_runs_read_with_run_id_and_refuse_resume(tmp_path: Path) -> None:
+    """A run written before the Hive layout (schema 2: no run_id, plain directory names) still reads."""
+    import pyarrow.parquet as pq
+
+    from fleet.results import reader
+    from fleet.run import driver
+
+    run = write_run(tmp_path / "old", {"cand": SAME})
+    for file in sorted(run.rglob("*.parquet")):
+        table = pq.read_table(file).drop_columns(["run_id"])
+        table = table.replace_schema_metadata({**table.schema.metadata, b"fleet.schema_version": b"2"})
+        parts = file.relative_to(run).parts  # <table>/model=m/model_weights=w/target=t/<file>
+        old = run.joinpath(parts[0], *(p.split("=", 1)[1] for p in parts[1:-1]), parts[-1])
+        old.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, old)
+        file.unlink()
+    catalog.record_verdict(run, "PASS")
+    store_info = reader.read_info(run) | {"schema_version": 2}
+    (run / "run.json").write_text(json.dumps(store_info))
+    requests = reader.load(run)["requests"].collect()
+    assert requests["run_id"].unique().to_list() == ["old"] and requests.height == 4
+    assert RunReport.build(run, gates=[]).parity["target"].to_list() == ["cand"]
+    assert catalog.runs(tmp_path)["gates"].to_list() == ["PASS"]
+    with pytest.raises(UserError, match=r"written with schema version 2; .* cannot add to it"):
+        driver.resume(run)

@@ -122,3 +122,14 @@ def summary_of(per_prompt: Frame, tokens: Frame, reference: str) -> pl.DataFrame
         .sort(RUN)
         .collect()
     )
+
+
+def worst(seqs: pl.DataFrame, per_prompt: pl.DataFrame, top: int) -> pl.DataFrame:
+    """Of `seqs` (one row per candidate prompt), the `top` worst per candidate: real divergences,
+    then near ties, earliest first, then the fewest matched tokens; with their kind and margin."""
+    kinds = pl.col("kind").replace_strict({"divergence": 0, "near tie": 1}, default=2, return_dtype=pl.Int8)
+    joined = seqs.join(per_prompt.select(*CAND, "kind", "ref_margin", "noise"), on=CAND, how="left")
+    ranked = joined.sort(
+        kinds, pl.col("first_divergence"), pl.col("tokens_matched"), *CAND, nulls_last=True, maintain_order=True
+    )
+    return ranked.group_by("model", "target", maintain_order=True).head(top).sort(CAND)

@@ -75,7 +75,8 @@ class RunReport:
         ref = info["reference"]
         scans = reader.load(run_dir)
         tokens = scans.pop("tokens")
-        # The per-row outputs and ids are only for per-prompt tables: read them for the shown prompts.
+        # Prompt token ids and chat turns are in no figure; on a big run they are most of the requests' bytes.
+        scans["requests"] = scans["requests"].drop("prompt_token_ids", "messages")
         t = {name: frame.collect() for name, frame in scans.items()}
         requests = t["requests"]
         accuracy = analysis.accuracy(requests, ref)
@@ -84,7 +85,7 @@ class RunReport:
         near_tie_nats = (manifest.get("parity") or {}).get("near_tie_nats")
         per_prompt = divergence.divergences(requests, tokens, ref, near_tie_nats=near_tie_nats)
         ties = divergence.summary_of(per_prompt, tokens, ref)
-        sequences = _worst(_sequences(requests, ref), per_prompt, top)
+        sequences = divergence.worst(_sequences(requests, ref), per_prompt, top)
         first = analysis.first_step(tokens, ref)
         report = cls(
             run_dir=run_dir,
@@ -239,17 +240,6 @@ def _colors(info: dict[str, Any], tables: dict[str, pl.DataFrame]) -> dict[str, 
     seen = sorted({t for frame in tables.values() if "target" in frame.columns for t in frame["target"].unique()})
     targets = list(dict.fromkeys([info["reference"], *named, *seen]))
     return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(targets)}
-
-
-def _worst(sequences: pl.DataFrame, per_prompt: pl.DataFrame, top: int) -> pl.DataFrame:
-    """The `top` worst prompts per candidate: real divergences, then near ties, earliest first,
-    then the fewest matched tokens; with their divergence kind and margin."""
-    kinds = pl.col("kind").replace_strict({"divergence": 0, "near tie": 1}, default=2, return_dtype=pl.Int8)
-    joined = sequences.join(per_prompt.select(*_CAND, "kind", "ref_margin", "noise"), on=_CAND, how="left")
-    ranked = joined.sort(
-        kinds, pl.col("first_divergence"), pl.col("tokens_matched"), *_CAND, nulls_last=True, maintain_order=True
-    )
-    return ranked.group_by("model", "target", maintain_order=True).head(top).sort(_CAND)
 
 
 def _shown(first: pl.DataFrame, sequences: pl.DataFrame) -> pl.DataFrame:
