@@ -39,7 +39,7 @@ class TargetActor:
         self.engine = engine_class(target.kind)(target, self.model, sampling=sampling)
 
     def generate(self, shard: Shard) -> Generation:
-        return self.engine.generate(shard)
+        return self.engine.generate(shard.loaded())  # a file's rows are read here, not in the driver
 
     def score(self, requests: pa.Table, *, k: int) -> pa.Table:
         return self.engine.score(requests, k=k)

@@ -1,9 +1,10 @@
 """The `fleet` command: one subcommand per verb, the file first, then command-line overrides.
 
     fleet run MANIFEST | --resume RUN_DIR     run (or finish) a manifest, print the summary
-    fleet report RUN_DIR [--html F] [--markdown F] [--gates F]
+    fleet report RUN_DIR|RUN_ID [--results ROOT] [--top N] [--html F] [--markdown F] [--gates F]
     fleet compare RUN_A RUN_B [--gates F]
-    fleet query RUN_DIR "SQL" [--format table|csv|json] | --tables
+    fleet runs [RESULTS_ROOT]                   the runs there: id, status, models, targets, gates, started
+    fleet query RUN_DIR|RESULTS_ROOT "SQL" [--format table|csv|json] | --tables
 
     fleet run --check MANIFEST | --check --resume RUN_DIR   everything before Ray starts, nothing written
 
@@ -60,7 +61,12 @@ def _parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="recompute and print the summary from a run directory's Parquet files")
     report.add_argument(
-        "run_dir", help="a run directory (results/<run_id>, or a URI such as s3://bucket/prefix/<run_id>)"
+        "run_dir",
+        help="a run directory (results/<run_id>, or a URI: s3://bucket/prefix/<run_id>), or a run id under --results",
+    )
+    report.add_argument("--results", default="results", help="where to look up a run id (default: results)")
+    report.add_argument(
+        "--top", type=int, default=20, metavar="N", help="per-prompt tables: the worst N per target (default 20)"
     )
     report.add_argument("--html", type=Path, metavar="OUT", help="also write a self-contained HTML report")
     report.add_argument("--markdown", type=Path, metavar="OUT", help="also write a Markdown report")
@@ -71,8 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("run_b")
     compare.add_argument("--gates", type=Path, metavar="FILE", help="gates YAML: show verdict changes")
 
-    query = sub.add_parser("query", help="SQL over a run's tables (requests, tokens, shards, parity, ...)")
-    query.add_argument("run_dir")
+    runs = sub.add_parser("runs", help="list the runs under a results root")
+    runs.add_argument("results_root", nargs="?", default="results", help="default: results")
+
+    query = sub.add_parser("query", help="SQL over a run's tables, or every run's under a results root")
+    query.add_argument("run_dir", help="a run directory, or a results root (its tables stacked on run_id)")
     query.add_argument("sql", nargs="?", help="a SQL query (Polars SQL)")
     query.add_argument("--format", choices=["table", "csv", "json"], default="table")
     query.add_argument("--tables", action="store_true", help="list the tables and their columns")
@@ -86,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     try:
-        return {"run": _run, "report": _report, "compare": _compare, "query": _query}[args.command](args)
+        verbs = {"run": _run, "report": _report, "compare": _compare, "runs": _runs, "query": _query}
+        return verbs[args.command](args)
     except UserError as e:
         print(user_message(e), file=sys.stderr)
         return EXIT_USAGE
@@ -114,6 +124,7 @@ def user_message(error: Exception) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from fleet.contracts.errors import UserError
+    from fleet.results.catalog import record_verdict
     from fleet.run import driver
 
     common = {"ray_address": args.ray_address, "progress": not args.no_progress, "verbose": args.verbose}
@@ -126,7 +137,8 @@ def _run(args: argparse.Namespace) -> int:
         run_dir, _ = driver.resume(args.resume, **common)
     else:
         run_dir, _ = driver.run(args.manifest, results_dir=args.results, run_id=args.run_id, **common)
-    _, code = _summarize(run_dir)
+    report, code = _summarize(run_dir)
+    record_verdict(run_dir, {None: "none", True: "PASS", False: "FAIL"}[report.gates_passed])
     print(f"\nresults: {run_dir}")
     return code
 
@@ -155,7 +167,7 @@ def _report(args: argparse.Namespace) -> int:
         if out is not None:
             _check_output(out)
     chosen = gates.load(args.gates) if args.gates else None
-    report, code = _summarize(args.run_dir, chosen)
+    report, code = _summarize(_run_dir(args.run_dir, args.results), chosen, top=args.top)
     for out, render in outputs:
         if out is not None:
             out.write_text(render(report), encoding="utf-8")
@@ -178,12 +190,34 @@ def _check_output(out: Path) -> None:
         raise UserError(msg)
 
 
-def _summarize(run_dir: str | Path, chosen: list[Gate] | None = None) -> tuple[RunReport, int]:
+def _run_dir(run: str, results: str) -> str:
+    """A run directory as given, else the run of that id under the results root."""
+    from fleet.contracts.errors import UserError
+    from fleet.contracts.inputs import check_path_text, cut
+    from fleet.results.catalog import is_run
+    from fleet.results.store import join
+
+    try:
+        check_path_text(run)
+        check_path_text(results)
+    except ValueError as e:
+        msg = f"{cut(run, 200)}: {e}"
+        raise UserError(msg) from None
+    if is_run(run):
+        return run
+    if "://" not in run and "/" not in run and is_run(candidate := str(join(results, run))):
+        return candidate
+    msg = f"{cut(run, 200)}: not a run directory, nor a run id under {cut(results, 200)}"
+    msg += f" (fleet runs {cut(results, 200)} lists them)"
+    raise UserError(msg)
+
+
+def _summarize(run_dir: str | Path, chosen: list[Gate] | None = None, *, top: int = 20) -> tuple[RunReport, int]:
     """Print the run's summary; the report (computed once, for every format) and the exit code."""
     from fleet.report import text
     from fleet.report.model import RunReport
 
-    report = RunReport.build(run_dir, gates=chosen)
+    report = RunReport.build(run_dir, gates=chosen, top=top)
     print(text.render(report))
     if not report.complete:
         return report, EXIT_PARTIAL
@@ -197,6 +231,13 @@ def _compare(args: argparse.Namespace) -> int:
     chosen = gates.load(args.gates) if args.gates else None
     a, b = compare.report(args.run_a), compare.report(args.run_b)
     print(compare.render(compare.compare(a, b, gates=chosen), run_a=a, run_b=b))
+    return EXIT_OK
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from fleet.results import catalog
+
+    print(catalog.render_runs(catalog.runs(args.results_root)))
     return EXIT_OK
 
 

@@ -64,7 +64,7 @@ def evidence(run_dir: str | Path, metric: str, model: str, target: str, *, refer
     """A Polars expression that scans exactly the rows `metric` was computed from for model/target."""
     table, with_reference, extra = METRICS[metric]
     targets = [target, reference] if with_reference and target != reference else [target]
-    glob = str(store.join(run_dir, table, model, "**", "*.parquet"))
+    glob = str(store.join(run_dir, table, f"model={model}", "**", "*.parquet"))
     conditions = [f'(pl.col("model") == {json.dumps(model)})', f'pl.col("target").is_in({json.dumps(targets)})']
     conditions += [f"({extra})"] if extra else []
     return f"pl.scan_parquet({json.dumps(glob)}, hive_partitioning=False).filter({' & '.join(conditions)})"

@@ -186,7 +186,11 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 def load_yaml(text: str, *, source: str) -> Any:
     """One YAML document, safely: duplicate keys, alias bombs, deep nesting and bad scalars are a
     one-line UserError naming `source` and the line."""
-    loader = _Loader(text)
+    try:  # the reader checks the text is printable as it opens
+        loader = _Loader(text)
+    except yaml.YAMLError as e:
+        msg = f"{source}: not valid YAML: {cut(str(e), 120)}"
+        raise UserError(msg) from None
     try:
         node = loader.get_single_node()
         if node is None:

@@ -4,12 +4,13 @@ perf scenarios, and the shard (the unit of work an engine is handed)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from fleet.contracts.base import MAX_COUNT, MAX_SEED, MAX_TIMEOUT_S, DType, Name, Strict
+from fleet.contracts.prompt_source import FileSlice, read_slice
 from fleet.contracts.prompts import Prompt
 from fleet.contracts.sources import ModelSource
 
@@ -133,11 +134,22 @@ class Scenario(Strict):
 
 @dataclass(frozen=True)
 class Shard:
+    """A chunk of one prompt set for one model x target. Prompts from a file travel as their
+    `rows` (file and row range) and are read where the shard runs (`loaded`), so the driver
+    never holds them."""
+
     model: str
     target: str
     prompt_set: str
     index: int
     prompts: tuple[Prompt, ...]
+    rows: FileSlice | None = None
+
+    def loaded(self) -> Shard:
+        """This shard with its prompts in hand (read from its file slice, if it has one)."""
+        if self.rows is None:
+            return self
+        return replace(self, prompts=tuple(read_slice(self.rows)), rows=None)
 
     @property
     def shard_id(self) -> str:

@@ -98,11 +98,15 @@ def load(run_dir: str | Path) -> dict[str, pl.LazyFrame]:
             footers = pool.map(lambda f: _footer(fs, f, arrow_schema), files)
             for file, footer in zip(files, footers, strict=True):
                 version = footer.get(b"fleet.schema_version", b"").decode(errors="replace") or None
-                if version is not None and version != str(schema.SCHEMA_VERSION):
+                if version is not None and version not in schema.READABLE_VERSIONS:
                     where = file if isinstance(fs, pafs.LocalFileSystem) else f"{fs.type_name}://{file}"
-                    msg = f"{where}: schema version {version}, this reader understands {schema.SCHEMA_VERSION}"
+                    msg = f"{where}: schema version {version}, this reader understands "
+                    msg += ", ".join(schema.READABLE_VERSIONS)
                     raise UserError(msg)
-        frames[name] = scan(fs, files) if files else _empty(arrow_schema)
+        frame = scan(fs, files) if files else _empty(arrow_schema)
+        if "run_id" not in frame.collect_schema().names():  # schema 2: one run per directory, named in run.json
+            frame = frame.with_columns(run_id=pl.lit(_run_id(run_dir), pl.String)).select(arrow_schema.names)
+        frames[name] = frame
     return frames
 
 
@@ -121,6 +125,11 @@ def _footer(fs: pafs.FileSystem, file: str, declared: pa.Schema) -> dict[bytes, 
         msg = f"{cut(where, 200)}: its columns are not the {declared.metadata[b'fleet.table'].decode()} table's"
         raise UserError(msg)
     return footer
+def _run_id(run_dir: str | Path) -> str:
+    try:
+        return str(RunStore(run_dir).info().get("run_id") or run_dir)
+    except FileNotFoundError:
+        return str(run_dir)
 
 
 def scan(fs: pafs.FileSystem, files: list[str]) -> pl.LazyFrame:

@@ -13,6 +13,7 @@ import os
 import platform
 import socket
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleet.contracts.errors import UserError
-from fleet.contracts.inputs import check_name, check_url, cut, inside, read_text
+from fleet.contracts.inputs import check_name, check_url, clip, cut, inside, read_text
+from fleet.contracts.schema import SCHEMA_VERSION
 from fleet.contracts.spec import Shard
 from fleet.contracts.targets import SOURCE_PREFLIGHT, engine_side
 from fleet.results import reader
@@ -28,6 +30,7 @@ from fleet.results.store import RUN_JSON, RunStore, join, now
 from fleet.run import manifest as manifest_mod
 from fleet.run.placement import check_fits
 from fleet.run.plan import PerfRun, ProbeRun, plan, plan_perf, plan_probes
+from fleet.run.progress import Progress
 from fleet.run.scheduler import Outcome, execute
 
 
@@ -163,6 +166,10 @@ def check_resume(
         info = reader.read_info(run_dir)
         store = RunStore(run_dir)
     where = join(run_dir, RUN_JSON)
+    if info.get("schema_version") != SCHEMA_VERSION:
+        msg = f"{cut(str(run_dir), 200)}: written with schema version {clip(info.get('schema_version'), 40)}; "
+        msg += f"this fleet-eval writes {SCHEMA_VERSION} and cannot add to it (report, compare and query still read it)"
+        raise UserError(msg)
     try:
         manifest = manifest_mod.Manifest.model_validate(info.get("manifest_resolved"))
     except ValidationError as e:
@@ -220,13 +227,11 @@ def _execute(
     failed_before_start: dict[str, str] | None = None,
 ) -> Outcome:
     """Dispatch shards and perf levels, then record in run.json how it ended (also when interrupted)."""
-    from tqdm import tqdm
-
     before = before or {}
     status, outcome = "interrupted", Outcome()
     try:
-        total = len(shards) + len(perf)
-        with tqdm(total=total, unit="shard", desc="shards+perf", disable=not progress, file=sys.stderr) as bar:
+        planned = Counter(s.model for s in shards) + Counter(p.model for p in perf)
+        with Progress(planned, enabled=progress) as bar:
             outcome = execute(manifest, shards, perf, store, bar, cluster=cluster, probes=probes)
         outcome.failures = (failed_before_start or {}) | outcome.failures
         status = "partial" if outcome.partial else "complete"

@@ -15,6 +15,7 @@ from fleet.contracts.base import Name, Strict
 from fleet.contracts.errors import ManifestError, UserError
 from fleet.contracts.gates import Gate
 from fleet.contracts.inputs import clip, cut, load_yaml, read_text
+from fleet.contracts.prompt_source import CHECK_ROWS, PromptFile, chunks, read_slice
 from fleet.contracts.prompts import Prompt
 from fleet.contracts.sources import GgufSource, PathSource, SyntheticSource
 from fleet.contracts.spec import (
@@ -58,9 +59,10 @@ else:  # a union over the registered args models, discriminated on `kind`
 
 class Manifest(Strict):
     models: list[ModelSpec] = Field(min_length=1, description="Models to evaluate.")
-    prompts: dict[Name, list[Prompt]] = Field(
+    prompts: dict[Name, list[Prompt] | PromptFile] = Field(
         min_length=1,
-        description="Prompt sets by name: a list of prompts, {file: prompts.jsonl} or {builtin: NAME}.",
+        description="Prompt sets by name: a list of prompts, {builtin: NAME}, or a file read by the shards: "
+        "{file: prompts.jsonl | .parquet | .csv, id: COLUMN, prompt: COLUMN, expected: {number: COLUMN}}.",
     )
     targets: list[Target] = Field(min_length=1, description="Where and how each model runs.")
     reference: str = Field(description="Name of the target the others are compared with.")
@@ -106,8 +108,10 @@ class Manifest(Strict):
 
     @field_validator("prompts")
     @classmethod
-    def _unique_prompt_ids(cls, value: dict[str, list[Prompt]]) -> dict[str, list[Prompt]]:
+    def _unique_prompt_ids(cls, value: dict[str, list[Prompt] | PromptFile]) -> dict[str, list[Prompt] | PromptFile]:
         for name, prompt_set in value.items():
+            if isinstance(prompt_set, PromptFile):
+                continue  # checked when it was read (fleet/contracts/prompt_source.py)
             ids = [p.id for p in prompt_set]
             dupes = sorted({i for i in ids if ids.count(i) > 1})
             if dupes:
@@ -188,6 +192,13 @@ class Manifest(Strict):
         able = [t.name for t in self.targets if t.can(probe_capability(kind))]
         named = set(probe.targets or able) | {self.reference}
         return [n for n in able if n in named]
+
+    def prompt_list(self, name: str) -> list[Prompt]:
+        """Every prompt of a set, read whole: for probes and perf scenarios, which take a set in one call."""
+        prompt_set = self.prompts[name]
+        if isinstance(prompt_set, PromptFile):
+            return [p for piece in chunks(prompt_set, CHECK_ROWS) for p in read_slice(piece)]
+        return prompt_set
 
     def target(self, name: str) -> TargetArgs:
         return next(t for t in self.targets if t.name == name)

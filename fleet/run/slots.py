@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from fleet.run.manifest import Manifest
     from fleet.run.plan import PerfRun, ProbeRun
 
+# Candidate shards a model may hold in the driver unscored: this bounds the driver's memory.
+MAX_UNSCORED = 8
 # Environment every actor gets: no phoning home, from vLLM or Ray.
 BASE_ENV = {"VLLM_NO_USAGE_STATS": "1", "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -131,6 +133,12 @@ class ModelRun:
         # Targets with nothing to do (all done, e.g. on resume) never start.
         self.waiting = deque(n for n, s in self.slots.items() if (s.queue or s.perf_todo) and n != self.ref)
         self.running: set[str] = set()
+        self.unscored = 0  # candidate shards generated and not yet scored: held in the driver
+
+    @property
+    def scoring_backlog(self) -> bool:
+        """Enough candidate rows wait for the reference: candidates generate no more until it catches up."""
+        return self.unscored >= MAX_UNSCORED and self.slots[self.ref].handle is not None
 
     def start(self) -> None:
         if any(s.queue or s.perf_todo for s in self.slots.values()):
