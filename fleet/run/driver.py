@@ -13,7 +13,7 @@ import os
 import platform
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +63,14 @@ def run(
     ray_address: str | None = None,
     progress: bool = True,
     verbose: bool = False,
+    overrides: Sequence[str] = (),
 ) -> tuple[str | Path, Outcome]:
     """Run a manifest and return the run directory and what failed (if anything).
 
     results_dir is a local directory or a URI (s3://bucket/prefix, see fleet.store.locate); the run
-    directory is <results_dir>/<run_id>, returned in the same form (a Path stays a Path)."""
-    manifest = manifest_mod.load(manifest_path)
+    directory is <results_dir>/<run_id>, returned in the same form (a Path stays a Path).
+    `overrides` (`KEY=VALUE`, fleet.run.manifest.override) apply on top of the file; run.json keeps both."""
+    manifest = manifest_mod.load(manifest_path, overrides=overrides)
     unresolved = _preflight(manifest)
     run_id = run_id or default_run_id(manifest_path)
     run_dir = join(results_dir, run_id)
@@ -83,6 +85,7 @@ def run(
         "manifest_path": str(manifest_path),
         "manifest_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "manifest": text,
+        "overrides": list(overrides),
         "manifest_resolved": manifest.model_dump(mode="json"),
         "reference": manifest.reference,
         "command": sys.argv,
