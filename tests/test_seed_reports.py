@@ -21,8 +21,8 @@ pytestmark = pytest.mark.engine
 
 REPORTS = Path(__file__).parents[1] / "manifests" / "reports"
 TINY_LLAMA = (
-    "models=[{name: tiny-llama, source: {kind: synthetic, family: llama, seed: 3, hidden_size: 64,"
-    " intermediate_size: 128, num_layers: 3, num_heads: 4, num_kv_heads: 2, init_std: 0.1}, max_model_len: 512}]"
+    "models=[{name: tiny-llama, source: {kind: synthetic, family: llama, seed: 3, hidden_size: 128,"
+    " intermediate_size: 256, num_layers: 3, num_heads: 4, num_kv_heads: 2, init_std: 0.1}, max_model_len: 512}]"
 )
 SMALL_PERF = ["perf.0.concurrency=[2]", "perf.0.num_requests=2", "perf.0.output_tokens=4", "perf.0.warmup_requests=0"]
 # Per manifest: the cut-down sizes (the model stays in its family; fewer tokens, requests and variants).

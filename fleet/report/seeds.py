@@ -20,7 +20,13 @@ from fleet.analysis import probes
 from fleet.report.model import RunReport
 from fleet.report.sections import NOT_MEASURED, Block, Section, Table, sections
 
-_SEQ = {"target": "candidate", "prompt_id": "prompt", "ref_text": "reference output", "cand_text": "candidate output"}
+_SEQ = {
+    "target": "candidate",
+    "prompt_set": "set",
+    "prompt_id": "prompt",
+    "ref_text": "reference output",
+    "cand_text": "candidate output",
+}
 _PERF = {"target": "target", "scenario": "scenario", "level": "concurrency", "n_completed": "requests"}
 
 
@@ -49,6 +55,10 @@ def _t(frame: pl.DataFrame | None, cols: dict[str, str], **kw: Any) -> list[Bloc
 
 def _pct(x: float | None, digits: int = 2) -> str:
     return "n/a" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def _num(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
 
 
 def _manifest(r: RunReport) -> dict[str, Any]:
@@ -88,7 +98,7 @@ def _llama32(r: RunReport, std: dict[str, Section]) -> list[Section]:
             summary.append(
                 f"{row['model']} / {row['target']}: average Rel L2 error {_pct(row['layer_rel_l2_mean'])}, "
                 f"worst {_pct(row['layer_rel_l2_max'])} (layer {row['worst_layer']}), every layer's cosine "
-                f"similarity >= {row['layer_cosine_min']:.6f}"
+                f"similarity >= {_num(row['layer_cosine_min'], '.6f')}"
             )
         bars, fits = _growth(curve)
         summary += fits
@@ -283,7 +293,7 @@ def _openelm(r: RunReport, std: dict[str, Section]) -> list[Section]:
         examples = r.sequences.join(expected, on=["model", "prompt_set", "prompt_id"], how="inner").with_columns(
             expected=pl.col("expected").map_elements(_expected_value, return_dtype=pl.String)
         )
-    ex_cols = {"target": "candidate", "prompt_id": "problem", "expected": "expected output"}
+    ex_cols = {"target": "candidate", "prompt_id": "problem", "prompt": "input", "expected": "expected output"}
     ex_cols |= {"ref_text": "reference output", "ref_correct": "reference status"}
     ex_cols |= {"cand_text": "candidate output", "cand_correct": "status"}
     perf = _scenarios(r, lambda s: True)
@@ -292,7 +302,7 @@ def _openelm(r: RunReport, std: dict[str, Section]) -> list[Section]:
     return [
         _s("overview", "Model overview (architecture)", std["architecture"].blocks),
         _s("accuracy", "Precision comparison: GSM8K-format benchmark", _t(r.accuracy, acc_cols)),
-        _s("examples", "Test case examples", _t(examples, ex_cols, wrap=("ref_text", "cand_text"))),
+        _s("examples", "Test case examples", _t(examples, ex_cols, wrap=("prompt", "ref_text", "cand_text"))),
         _s("perf", "Performance benchmark", [*_t(perf, perf_cols), _conditions(r)] if perf is not None else []),
         _s("verdict", "Verification results (gates)", std["gates"].blocks, std["gates"].absent),
     ]

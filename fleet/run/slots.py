@@ -119,8 +119,11 @@ class ModelRun:
             self.slots[probe.target].queue.append(Probe(probe))
         for level in perf:
             self.slots[level.target].perf_todo.append(Perf(level))
-        # Targets with nothing to do (all done, e.g. on resume) never start.
-        self.waiting = deque(n for n, s in self.slots.items() if (s.queue or s.perf_todo) and n != self.ref)
+        # Targets with nothing to do (all done, e.g. on resume) never start; smoke checks are work
+        # too (a dummy-weight server's only job can be its smoke gate, 003's Stage A).
+        self.waiting = deque(
+            n for n, s in self.slots.items() if (s.queue or s.perf_todo or s.target.can("smoke")) and n != self.ref
+        )
         self.running: set[str] = set()
         self._handed: set[str] = set()
 
