@@ -30,7 +30,9 @@ if TYPE_CHECKING:
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.spec import Scenario, Shard
 
-SMOKE_CHECKS = {
+# Route -> request body; None: a GET. `models` is the playbook's readiness check: the server lists the model.
+SMOKE_CHECKS: dict[str, dict[str, Any] | None] = {
+    "models": None,
     "completions": {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0},
     "chat/completions": {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0},
 }
@@ -197,7 +199,7 @@ class OpenAIEngine(Engine):
 
         from fleet.contracts import schema
 
-        async def check(session: aiohttp.ClientSession, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        async def check(session: aiohttp.ClientSession, route: str, body: dict[str, Any] | None) -> dict[str, Any]:
             row: dict[str, Any] = {"model": self.model.name, "model_weights": self.model.weights}
             row |= {"target": self.args.name, "check": route}
             t0 = time.perf_counter()
@@ -205,9 +207,15 @@ class OpenAIEngine(Engine):
                 status, text = await self.http.send(session, route, body)
                 row["status"], row["latency_s"] = status, time.perf_counter() - t0
                 row["response"] = self.http.redact(text[:4000])
-                tokens = json.loads(text).get("usage", {}).get("completion_tokens", 0) if status == 200 else 0
-                row["passed"] = status == 200 and tokens > 0
-                row["error"] = None if row["passed"] else f"HTTP {status}, {tokens} completion tokens"
+                answer = json.loads(text) if status == 200 else {}
+                if body is None:  # readiness: the served model is listed
+                    listed = [m.get("id") for m in answer.get("data", [])]
+                    row["passed"] = status == 200 and self.served_model in listed
+                    row["error"] = None if row["passed"] else f"HTTP {status}, {self.served_model!r} not in {listed}"
+                else:
+                    tokens = answer.get("usage", {}).get("completion_tokens", 0)
+                    row["passed"] = status == 200 and tokens > 0
+                    row["error"] = None if row["passed"] else f"HTTP {status}, {tokens} completion tokens"
             except Exception as e:  # noqa: BLE001  (a failed check is a row, not an exception)
                 row |= {"passed": False, "error": self.http.redact(f"{type(e).__name__}: {e}")[:1000]}
             return row

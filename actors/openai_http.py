@@ -76,9 +76,12 @@ class OpenAIHttp:
 
         return asyncio.run(get())
 
-    async def send(self, session: aiohttp.ClientSession, route: str, body: dict[str, Any]) -> tuple[int, str]:
-        """POST `body` (and the model) to `route`: the HTTP status and the raw response text."""
-        async with session.post(f"{self.base_url}/{route}", json={"model": self.model} | body) as resp:
+    async def send(self, session: aiohttp.ClientSession, route: str, body: dict[str, Any] | None) -> tuple[int, str]:
+        """POST `body` (and the model) to `route`, or GET it when `body` is None: the HTTP status and
+        the raw response text."""
+        url = f"{self.base_url}/{route}"
+        call = session.get(url) if body is None else session.post(url, json={"model": self.model} | body)
+        async with call as resp:
             return resp.status, await resp.text()
 
     async def post(self, session: aiohttp.ClientSession, route: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The `fleet` command: one subcommand per verb, the file first, then command-line overrides.
 
-    fleet run MANIFEST | --resume RUN_DIR     run (or finish) a manifest, print the summary
+    fleet run MANIFEST [--set KEY=VALUE ...] | --resume RUN_DIR     run (or finish) a manifest, print the summary
     fleet report RUN_DIR|RUN_ID [--results ROOT] [--top N] [--html F] [--markdown F] [--gates F]
     fleet compare RUN_A RUN_B [--gates F]
     fleet runs [RESULTS_ROOT]                   the runs there: id, status, models, targets, gates, started
@@ -52,6 +52,15 @@ def _parser() -> argparse.ArgumentParser:
         "--results", default="results", help="where run directories go (default: results; or s3://bucket/prefix)"
     )
     run.add_argument("--run-id", help="run directory name (default: <manifest stem>-<UTC time>)")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="overrides",
+        metavar="KEY=VALUE",
+        help="override a manifest field after reading the file (dotted path, YAML value), e.g. "
+        "sampling.max_tokens=4 or perf.0.concurrency=[1]; repeatable",
+    )
     run.add_argument("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else start a local Ray)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--verbose", action="store_true", help="show actor and engine logs")
@@ -131,12 +140,17 @@ def _run(args: argparse.Namespace) -> int:
     if (args.manifest is None) == (args.resume is None):
         msg = "fleet run takes a MANIFEST or --resume RUN_DIR (one of them)"
         raise UserError(msg)
+    if args.resume is not None and args.overrides:
+        msg = "fleet run --resume takes no --set: a run finishes with the manifest it started with"
+        raise UserError(msg)
     if args.check:
         return _check(args)
     if args.resume is not None:
         run_dir, _ = driver.resume(args.resume, **common)
     else:
-        run_dir, _ = driver.run(args.manifest, results_dir=args.results, run_id=args.run_id, **common)
+        run_dir, _ = driver.run(
+            args.manifest, results_dir=args.results, run_id=args.run_id, overrides=args.overrides, **common
+        )
     report, code = _summarize(run_dir)
     record_verdict(run_dir, {None: "none", True: "PASS", False: "FAIL"}[report.gates_passed])
     print(f"\nresults: {run_dir}")
@@ -151,7 +165,9 @@ def _check(args: argparse.Namespace) -> int:
         _, _, manifest, todo, perf_todo, probes_todo = driver.check_resume(args.resume)
         print(f"ok: {args.resume}: {len(todo)} shards, {len(perf_todo) + len(probes_todo)} perf/probe runs to do")
         return EXIT_OK
-    manifest, run_dir, _, unresolved = driver.check(args.manifest, results_dir=args.results, run_id=args.run_id)
+    manifest, run_dir, _, unresolved = driver.check(
+        args.manifest, results_dir=args.results, run_id=args.run_id, overrides=args.overrides
+    )
     print(f"ok: {len(manifest.models)} models x {len(manifest.targets)} targets would run into {run_dir}")
     return EXIT_PARTIAL if unresolved else EXIT_OK
 

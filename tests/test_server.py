@@ -248,7 +248,7 @@ def test_vllm_server_target_through_the_scheduler(local_ray: Any, tmp_path: Path
     run_dir, outcome = driver.run(manifest, results_dir=tmp_path / "results", run_id="srv", progress=False)
     assert not outcome.partial, (outcome.failures, outcome.failed_shards)
     t = {name: frame.collect() for name, frame in reader.load(run_dir).items()}
-    assert sorted(t["smoke"]["check"].to_list()) == ["chat/completions", "completions"]
+    assert sorted(t["smoke"]["check"].to_list()) == ["chat/completions", "completions", "models"]
     assert t["smoke"]["passed"].all()
     [row] = analysis.parity(t["requests"], t["tokens"], "hf-fp32").to_dicts()
     assert row["tf_top1_agreement"] == 1.0 and row["tf_max_abs_logprob_diff"] < 1e-4

@@ -209,6 +209,43 @@ def logits_summary(errors: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def logits_distribution(logits: Frame, reference: str, *, bound: float = 0.06) -> pl.DataFrame:
+    """How the elementwise errors spread over the whole vocabulary, per (model, target): the Qwen2.5
+    report's section 5.4 ("most |errors| < 0.06, no systematic bias"), on logprobs (nats).
+
+    Output: model, target, n_elements, err_mean (signed mean of logprob_c - logprob_r: a bias),
+    abs_err_p50, abs_err_p99, abs_err_max, within_bound (share of |error| < `bound`), bound.
+    Only pairs with the same input count; none compared: no row.
+    """
+    ref, cand = split(logits, reference)
+    on = [*PROMPT, "position"]
+    pairs = (
+        cand.select(*CAND, "position", _c="logprobs", _c_ids="prompt_token_ids")
+        .join(ref.select(*on, _r="logprobs", _r_ids="prompt_token_ids"), on=on, how="inner")
+        .filter((pl.col("_c_ids") == pl.col("_r_ids")) & (pl.col("_c").list.len() == pl.col("_r").list.len()))
+        .collect()
+    )
+    rows = []
+    for (model, target), group in pairs.group_by("model", "target", maintain_order=True):
+        diff = np.concatenate([c - r for r, c in zip(_arrays(group["_r"]), _arrays(group["_c"]), strict=True)])
+        finite = diff[np.isfinite(diff)]  # -inf on both sides (masked vocabulary) is no error
+        size = np.abs(finite)
+        rows.append(
+            {
+                "model": model,
+                "target": target,
+                "n_elements": int(finite.size),
+                "err_mean": float(finite.mean()),
+                "abs_err_p50": float(np.quantile(size, 0.5)),
+                "abs_err_p99": float(np.quantile(size, 0.99)),
+                "abs_err_max": float(size.max()),
+                "within_bound": float(np.mean(size < bound)),
+                "bound": bound,
+            }
+        )
+    return pl.DataFrame(rows).sort("model", "target") if rows else pl.DataFrame()
+
+
 def layer_errors(layers: Frame, reference: str) -> pl.DataFrame:
     """Per candidate (model, target, prompt_set, prompt_id, layer) vs the reference's row.
 

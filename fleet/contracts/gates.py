@@ -56,6 +56,11 @@ METRICS: dict[str, tuple[str, bool, str]] = {
     "layer_rel_l2_max": ("layers", True, ""),
     "logits_cosine_min": ("logits", True, ""),
     "logits_kl_max": ("logits", True, ""),
+    # The Qwen2.5 report's verdict (002 5.5): normalized MSE, top-1 / top-5 over the full vocabulary.
+    "logits_nmse_max": ("logits", True, ""),
+    "logits_top1_agreement": ("logits", True, ""),
+    "logits_top5_agreement": ("logits", True, ""),
+    "layer_rel_l2_mean": ("layers", True, ""),  # the Llama-3.2 report's "average Rel L2" (001 4.2)
 }
 # Perf-scenario figures (fleet/analysis/perf.py), one value per scenario and concurrency level:
 # a gate on them names both (`scenario`, `level`). Prefixed `perf_` so that `perf_output_tok_s`

@@ -203,7 +203,12 @@ SMOKE = _schema(
     [
         *(f for f in _KEYS if f.name != "prompt_set"),
         pa.field("check", pa.string(), nullable=False, metadata={"doc": "API route exercised"}),
-        pa.field("passed", pa.bool_(), nullable=False, metadata={"doc": "HTTP 200 with at least one token back"}),
+        pa.field(
+            "passed",
+            pa.bool_(),
+            nullable=False,
+            metadata={"doc": "HTTP 200 with at least one token back (models: the served model listed)"},
+        ),
         pa.field("status", pa.int32(), metadata={"doc": "HTTP status; null if no response"}),
         pa.field("latency_s", pa.float64(), metadata={"doc": "request to full response"}),
         pa.field("response", pa.string(), metadata={"doc": "response body (truncated, secrets redacted)"}),

@@ -79,6 +79,19 @@ class Probes(Strict):
     layers: Probe | None = Field(None, description="Hidden states after every layer (hf targets, hf reference).")
 
 
+# The seed adaptation reports whose shape `fleet report` can print (fleet/report/seeds.py lays each out).
+ReportLayout = Literal["001-llama-3.2-3b", "002-qwen2.5-0.5b", "003-qwen-7b", "004-openelm-3b"]
+REPORT_LAYOUTS: tuple[ReportLayout, ...] = ("001-llama-3.2-3b", "002-qwen2.5-0.5b", "003-qwen-7b", "004-openelm-3b")
+
+
+class ReportOptions(Strict):
+    layout: ReportLayout | None = Field(
+        None,
+        description="Also print the sections of this seed adaptation report, in its order and with its "
+        "column names (manifests/reports/); unset: the standard report only.",
+    )
+
+
 class Variant(Strict):
     base: str = Field(description="The target whose matrix made this variant.")
     settings: dict[str, Any] = Field(description="The matrix values of this variant.")

@@ -58,6 +58,12 @@ class TargetArgs(Strict):
     parity: bool = Field(
         True, description="Run the parity prompts here (false: a perf-only target, e.g. dummy weights)."
     )
+    after: Name | None = Field(
+        None,
+        description="Start only once this earlier candidate target has finished and passed (it started, its "
+        "smoke checks passed, none of its work failed); otherwise this target is recorded as not run. The "
+        "playbook's 'dummy-weight smoke first, real weights only if it passed'.",
+    )
 
     @field_validator("env")
     @classmethod

@@ -15,6 +15,7 @@ import polars as pl
 from fleet.report import plots
 from fleet.report.model import RunReport
 from fleet.report.sections import TITLES, Block, Section, Table, sections
+from fleet.report.seeds import seed_sections
 from fleet.report.table import cell, worst_first
 
 CSS = """
@@ -112,6 +113,12 @@ def render_html(report: RunReport) -> str:
     body = [f"<h1>{escape(title)}</h1>", f'<p class="meta">{meta}</p>']
     body.append(f'<div class="banner {verdict.split()[0].rstrip(":")}">{escape(verdict)}</div>')
     body += [f'<div class="banner FAIL">{escape(notice)}</div>' for notice in report.notices]
+    if (seed := seed_sections(report)) is not None:  # the seed report's own sections, in its order
+        title, shaped = seed
+        body.append(f'<h2 class="seed">{escape(title)}</h2>')
+        for s in shaped:
+            body += _section(report, s)
+        body.append("<h2>The full fleet-eval report</h2>")
     by_key = sections(report)
     for key in ORDER:
         body += _section(report, by_key[key])

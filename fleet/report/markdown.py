@@ -1,6 +1,7 @@
 """The Markdown report, in the shape of the seed adaptation reports: summary, environment,
 architecture, method and accuracy, performance, conclusion; every section of fleet.report.sections
-under one of those chapters. `blocks` lays out a section's content as Markdown for this report and
+under one of those chapters, after the seed report's own sections when the manifest names a layout
+(fleet.report.seeds). `blocks` lays out a section's content as Markdown for this report and
 for the text summary (fleet.report.text), which is Markdown too.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from fleet.report.model import RunReport
 from fleet.report.sections import Block, Section, Table, sections
+from fleet.report.seeds import seed_sections
 from fleet.report.table import markdown, worst_first
 
 MD_ROWS = 50  # per-prompt rows shown; the worst first (sections.Table.worst)
@@ -42,7 +44,14 @@ def render_markdown(report: RunReport) -> str:
     out = [f"# {', '.join(report.models)}: parity and performance vs `{ref}` (fleet-eval run {report.run_id})"]
     out += ["", "## 1. Summary", "", f"**{report.verdict_line}** Run status: {info.get('status')}."]
     out += ["", *(f"- {notice}" for notice in report.notices)] if report.notices else []
-    for number, (chapter, keys) in enumerate(CHAPTERS.items(), start=2):
+    start = 2
+    if (seed := seed_sections(report)) is not None:  # the seed report's own sections, in its order
+        title, shaped = seed
+        out += ["", f"## 2. {title}"]
+        for s in shaped:
+            out += ["", *section(s, "### ", limit=MD_ROWS)]
+        start = 3
+    for number, (chapter, keys) in enumerate(CHAPTERS.items(), start=start):
         if chapter in by_key:
             out += ["", *section(by_key[chapter], f"## {number}. ", limit=MD_ROWS)]
             continue

@@ -2,7 +2,8 @@
 files and run.json alone (fleet.report.model).
 
 It is Markdown, so a summary pastes straight into an adaptation report: every section of
-fleet.report.sections in its order, each table whole, long cells cut at TEXT_CELL characters.
+fleet.report.sections in its order (after the seed report's own sections, fleet.report.seeds, when
+the manifest names a layout), each table whole, long cells cut at TEXT_CELL characters.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from fleet.report import markdown
 from fleet.report.model import RunReport
 from fleet.report.sections import sections
+from fleet.report.seeds import seed_sections
 
 TEXT_CELL = 80  # characters of a cell (generated text) before it is cut with …
 
@@ -25,6 +27,12 @@ def render(report: RunReport) -> str:
         f"reference: {report.reference}",
     ]
     out += ["", *(f"- {notice}" for notice in report.notices)] if report.notices else []
+    if (seed := seed_sections(report)) is not None:  # the seed report's shape first, then every section
+        title, shaped = seed
+        out += ["", f"## {title}"]
+        for section in shaped:
+            out += ["", *markdown.section(section, "### ", limit=None, max_chars=TEXT_CELL)]
+        out += ["", "## The full fleet-eval report"]
     for section in sections(report).values():
         out += ["", *markdown.section(section, limit=None, max_chars=TEXT_CELL)]
     return "\n".join(out)

@@ -14,7 +14,7 @@ import platform
 import socket
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,12 +70,16 @@ def run(
     ray_address: str | None = None,
     progress: bool = True,
     verbose: bool = False,
+    overrides: Sequence[str] = (),
 ) -> tuple[str | Path, Outcome]:
     """Run a manifest and return the run directory and what failed (if anything).
 
     results_dir is a local directory or a URI (s3://bucket/prefix, see fleet.store.locate); the run
-    directory is <results_dir>/<run_id>, returned in the same form (a Path stays a Path)."""
-    manifest, run_dir, info, unresolved = check(manifest_path, results_dir=results_dir, run_id=run_id)
+    directory is <results_dir>/<run_id>, returned in the same form (a Path stays a Path).
+    `overrides` (`KEY=VALUE`, fleet.run.manifest.override) apply on top of the file; run.json keeps both."""
+    manifest, run_dir, info, unresolved = check(
+        manifest_path, results_dir=results_dir, run_id=run_id, overrides=overrides
+    )
     with _ray(ray_address, verbose=verbose) as cluster:
         _check_cluster(manifest, cluster, manifest_path)
         with _storage(run_dir):  # e.g. no such bucket: nothing was written
@@ -94,13 +98,17 @@ def run(
 
 
 def check(
-    manifest_path: Path, *, results_dir: str | Path = Path("results"), run_id: str | None = None
+    manifest_path: Path,
+    *,
+    results_dir: str | Path = Path("results"),
+    run_id: str | None = None,
+    overrides: Sequence[str] = (),
 ) -> tuple[manifest_mod.Manifest, str | Path, dict[str, Any], dict[str, str]]:
     """Everything `run` does before Ray starts (`fleet run --check`): the manifest, the run
     directory it would write (a name inside results_dir, not taken), every model's source. Returns
     the manifest, run directory, run.json's first contents and the models that cannot be resolved;
     writes nothing."""
-    manifest = manifest_mod.load(manifest_path)
+    manifest = manifest_mod.load(manifest_path, overrides=overrides)
     if "://" in str(results_dir):
         check_url(str(results_dir), what="--results")
     run_id = check_name(default_run_id(manifest_path) if run_id is None else run_id, what="--run-id")
@@ -121,6 +129,7 @@ def check(
         "manifest_path": str(manifest_path),
         "manifest_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "manifest": text,
+        "overrides": list(overrides),
         "manifest_resolved": manifest.model_dump(mode="json"),
         "reference": manifest.reference,
         "command": sys.argv,

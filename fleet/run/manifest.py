@@ -6,6 +6,8 @@ so the CLI can print one line and exit 2 without a traceback and without writing
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -24,6 +26,7 @@ from fleet.contracts.spec import (
     ParityOptions,
     ProbeKind,
     Probes,
+    ReportOptions,
     RunOptions,
     Sampling,
     Scenario,
@@ -82,6 +85,7 @@ class Manifest(Strict):
     gates: list[Gate] = Field(
         default_factory=list, description="Pass/fail thresholds per model x candidate target (fleet/gates.py)."
     )
+    report: ReportOptions = Field(default_factory=ReportOptions, description="How `fleet report` lays the run out.")
 
     @model_validator(mode="before")
     @classmethod
@@ -146,6 +150,7 @@ class Manifest(Strict):
             msg = f"reference {self.reference!r} has parity: false; the reference must run the parity prompts"
             raise ValueError(msg)
         self._check_probes(targets)
+        self._check_after()
         for i, gate in enumerate(self.gates):
             for field, known in (
                 ("models", {m.name for m in self.models}),
@@ -161,6 +166,17 @@ class Manifest(Strict):
             )
             raise ValueError(msg)
         return self
+
+    def _check_after(self) -> None:
+        """`after:` names an earlier candidate: the reference runs until every candidate is scored, so
+        waiting on it (or on a later target) could never end."""
+        earlier: set[str] = set()
+        for i, target in enumerate(self.targets):
+            if target.after is not None and target.after not in earlier - {self.reference}:
+                why = "the reference" if target.after == self.reference else "not an earlier target"
+                msg = f"targets[{i}].after: {target.after!r} is {why}; after: names an earlier candidate target"
+                raise ValueError(msg)
+            earlier.add(target.name)
 
     def _check_probes(self, targets: dict[str, TargetArgs]) -> None:
         for kind in PROBE_KINDS:
@@ -204,8 +220,9 @@ class Manifest(Strict):
         return next(t for t in self.targets if t.name == name)
 
 
-def load(path: str | Path) -> Manifest:
-    """Read and validate a manifest file; relative paths inside it are relative to the file."""
+def load(path: str | Path, *, overrides: Sequence[str] = ()) -> Manifest:
+    """Read and validate a manifest file; relative paths inside it are relative to the file.
+    `overrides` are `KEY=VALUE` settings applied to the file's YAML first (see `override`)."""
     path = Path(path)
     try:
         raw = load_yaml(read_text(path, what="manifest"), source=str(path))
@@ -214,6 +231,8 @@ def load(path: str | Path) -> Manifest:
     if not isinstance(raw, dict):
         msg = f"{path}: expected a mapping with models, prompts, targets, reference"
         raise ManifestError(msg)
+    for setting in overrides:
+        raw = override(raw, setting, where=path)
     base_dir = path.resolve().parent
     try:
         manifest = TypeAdapter(Manifest).validate_python(raw, context={"base_dir": base_dir})
@@ -222,6 +241,45 @@ def load(path: str | Path) -> Manifest:
     manifest = _full_vocab_for_probes(_resolve_paths(manifest, base_dir, path))
     check_context(manifest, path)
     return manifest
+
+
+def override(raw: dict[str, Any], setting: str, *, where: Path) -> dict[str, Any]:
+    """`raw` with one `KEY=VALUE` applied: KEY a dotted path (list items by index, e.g.
+    `perf.0.num_requests`), VALUE parsed as YAML (`[1, 8]`, `{kind: synthetic}`, `null`). The file
+    first, then the command line: a manifest's test-size run is the same file with sizes cut."""
+    key, sep, text = setting.partition("=")
+    if not sep or not key:
+        msg = f"--set {clip(setting)}: expected KEY=VALUE, e.g. sampling.max_tokens=4"
+        raise ManifestError(msg)
+    shown = cut(key, 80)  # for messages: a key of any length is still navigated whole
+    try:  # the manifest's own loader: duplicate keys, alias bombs and bad scalars refused alike
+        value = load_yaml(text, source=f"--set {shown}")
+    except UserError as e:
+        raise ManifestError(str(e)) from None
+    out = copy.deepcopy(raw)
+    node: Any = out
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        here = ".".join(parts[: depth + 1])
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                msg = f"{where}: --set {shown}: {here} is not an item of a list of {len(node)}"
+                raise ManifestError(msg)
+            index: int | str = int(part)
+        elif isinstance(node, dict):
+            index = part
+            if not last:
+                node = node.setdefault(part, {})
+                continue
+        else:
+            msg = f"{where}: --set {shown}: {'.'.join(parts[:depth])} is neither a mapping nor a list"
+            raise ManifestError(msg)
+        if last:
+            node[index] = value
+        else:
+            node = node[index]
+    return out
 
 
 def _full_vocab_for_probes(manifest: Manifest) -> Manifest:

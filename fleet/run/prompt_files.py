@@ -5,6 +5,7 @@ mapping, read by the shards themselves: fleet/contracts/prompt_source.py), and t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,56 @@ def read_jsonl(path: Path, set_name: str) -> list[dict[str, Any]]:
     return rows
 
 
+# GSM8K rows are {"question", "answer"}, the answer's last line "#### 72"; a chat model is asked the
+# question as is, with the final-number convention the `number` rule judges by.
+GSM8K_INSTRUCTION = "\nSolve it step by step, then give the final answer as a number on the last line."
+_GSM8K_FINAL = re.compile(r"####\s*(-?[\d,]*\.?\d+)\s*$")
+
+
+def read_gsm8k(path: Path, set_name: str) -> list[dict[str, Any]]:
+    """A GSM8K-format JSONL file (the benchmark's own test.jsonl works as is) as chat prompts with
+    the answer after `####` as the expected number; ids are the 1-based line numbers unless given."""
+    if not path.is_file():
+        msg = f"prompt set {set_name!r}: prompts file not found: {path}"
+        raise ValueError(msg)
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            msg = f"prompt set {set_name!r}: {path}:{lineno}: not JSON ({e.msg})"
+            raise ValueError(msg) from None
+        final = _GSM8K_FINAL.search(str(row.get("answer", ""))) if isinstance(row, dict) else None
+        if not isinstance(row, dict) or not isinstance(row.get("question"), str) or final is None:
+            msg = f"prompt set {set_name!r}: {path}:{lineno}: expected GSM8K's {{question, answer: '... #### N'}}"
+            raise ValueError(msg)
+        content = row["question"] + GSM8K_INSTRUCTION
+        rows.append(
+            {
+                "id": str(row.get("id", f"q{lineno:04d}")),
+                "messages": [{"role": "user", "content": content}],
+                "expected": {"number": float(final.group(1).replace(",", ""))},
+            }
+        )
+    return rows
+
+
 def expand(name: str, spec: Any, base_dir: Path) -> Any:
     """A manifest prompt-set entry: inline (a list of prompt dicts), {builtin: ...} (read here:
-    built-in sets are small) or {file: ..., <column mapping>} (checked once, then read by shards)."""
+    built-in sets are small), {file: ..., format: gsm8k} (GSM8K's own rows, read here: a benchmark
+    file, not a dataset) or {file: ..., <column mapping>} (checked once, then read by shards)."""
+    if isinstance(spec, dict) and spec.get("format") == "gsm8k":
+        if set(spec) != {"file", "format"}:
+            msg = f"prompt set {str(name)[:60]!r}: format gsm8k takes only file (its columns are GSM8K's own)"
+            raise ValueError(msg)
+        try:  # the one check every user path gets (fleet/contracts/inputs.py)
+            file = check_path_text(spec["file"])
+            return read_gsm8k(base_dir / file, name)
+        except (OSError, UnicodeDecodeError) as e:  # unreadable or not UTF-8: the set's error, not a crash
+            msg = f"prompt set {str(name)[:60]!r}: cannot read {str(spec['file'])[:200]}: {str(e)[:120]}"
+            raise ValueError(msg) from None
     if isinstance(spec, dict) and "file" in spec:
         return _prompt_file(name, spec, base_dir)
     if isinstance(spec, dict) and set(spec) == {"builtin"}:

@@ -17,6 +17,7 @@ and the run goes on. A target whose actor cannot start fails as a whole.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import deque
@@ -100,6 +101,7 @@ class Loop:
                 [p for p in probes if p.model == m.name],
                 manifest,
                 reservation=reservation,
+                not_passed=functools.partial(self._not_passed, m.name),
             )
             for m in manifest.models
             if any(s.model == m.name for s in shards)
@@ -169,7 +171,28 @@ class Loop:
             run.start()
             self.active.append(run)
 
+    def _not_passed(self, model: str, target: str) -> str | None:
+        """Why `target` of `model` did not pass in this run: it failed, or some of its work did."""
+        key = f"{model}/{target}"
+        if key in self.outcome.failures:
+            return self.outcome.failures[key]
+        failed = sorted(s for s in self.outcome.failed_shards if s.startswith(f"{key}/"))
+        return f"failed: {', '.join(failed)}" if failed else None
+
+    def _skip(self, run: ModelRun, name: str, reason: str) -> None:
+        """A target whose `after:` did not pass: recorded as failing, its work as not done."""
+        slot = run.slots[name]
+        self.outcome.failures.setdefault(f"{run.model.name}/{name}", reason)
+        self.bar.write(f"SKIPPED {run.model.name}/{name}: {reason}")
+        for w in [*slot.queue, *slot.perf_todo]:
+            w.on_abandon(self, run, name, reason)
+        slot.queue.clear()
+        slot.perf_todo.clear()
+
     def _retire(self) -> None:
+        for run in self.active:
+            for name, reason in run.take_skipped():
+                self._skip(run, name, reason)
         for run in [r for r in self.active if r.done]:
             self.active.remove(run)
             self.free = {k: v + run.reservation.get(k, 0.0) for k, v in self.free.items()}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fleet.run.placement import add, fits, need
@@ -120,8 +121,12 @@ class ModelRun:
         manifest: Manifest,
         *,
         reservation: dict[str, float],
+        not_passed: Callable[[str], str | None] = lambda target: None,
     ) -> None:
         self.model, self.manifest, self.reservation = model, manifest, reservation
+        # Why target `name` of this model did not pass (None: it did): what `after:` waits on.
+        self.not_passed = not_passed
+        self.skipped: dict[str, str] = {}  # target -> why it was not run (`after:` did not pass)
         self.ref = manifest.reference
         self.slots = {t.name: ActorSlot(t, model, manifest) for t in manifest.targets}
         for shard in shards:
@@ -130,10 +135,14 @@ class ModelRun:
             self.slots[probe.target].queue.append(Probe(probe))
         for level in perf:
             self.slots[level.target].perf_todo.append(Perf(level))
-        # Targets with nothing to do (all done, e.g. on resume) never start.
-        self.waiting = deque(n for n, s in self.slots.items() if (s.queue or s.perf_todo) and n != self.ref)
+        # Targets with nothing to do (all done, e.g. on resume) never start; smoke checks are work
+        # too (a dummy-weight server's only job can be its smoke gate, 003's Stage A).
+        self.waiting = deque(
+            n for n, s in self.slots.items() if (s.queue or s.perf_todo or s.target.can("smoke")) and n != self.ref
+        )
         self.running: set[str] = set()
         self.unscored = 0  # candidate shards generated and not yet scored: held in the driver
+        self._handed: set[str] = set()
 
     @property
     def scoring_backlog(self) -> bool:
@@ -153,6 +162,13 @@ class ModelRun:
         while self.waiting:
             held = add(*(need(self.slots[n].target) for n in self.running))
             nxt = self.slots[self.waiting[0]].target
+            if nxt.after is not None:
+                if nxt.after in self.running:
+                    return  # candidates start in manifest order; this one once `after` has finished
+                why = self.skipped.get(nxt.after) or self.not_passed(nxt.after)
+                if why is not None:
+                    self.skipped[self.waiting.popleft()] = f"not run: {nxt.after} did not pass ({why})"
+                    continue
             if self.running and not fits(add(held, need(nxt)), self.reservation):
                 return
             self._launch(self.waiting.popleft())
@@ -170,6 +186,12 @@ class ModelRun:
         """Whether target `name` still has work, or may get some (the reference, to score with)."""
         slot = self.slots[name]
         return bool(slot.queue or slot.perf_todo) or (name == self.ref and not self.candidates_done)
+
+    def take_skipped(self) -> list[tuple[str, str]]:
+        """Targets newly skipped by `after:` and why; each is handed out once."""
+        out = [(n, why) for n, why in self.skipped.items() if n not in self._handed]
+        self._handed.update(n for n, _ in out)
+        return out
 
     def release(self, name: str) -> None:
         self.slots[name].stop()
