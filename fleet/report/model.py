@@ -71,12 +71,6 @@ class RunReport:
     def build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None = None, top: int = 20) -> RunReport:
         """Read and compute. `gates` None means the gates recorded in run.json; [] means no verdicts.
         Per-prompt tables keep the `top` worst prompts per candidate (divergences first)."""
-        # Polars' streaming engine: joins and aggregations over the tokens scan in bounded batches.
-        with pl.Config(engine_affinity="streaming"):
-            return cls._build(run_dir, gates=gates, top=top)
-
-    @classmethod
-    def _build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None, top: int) -> RunReport:
         info = reader.read_info(run_dir)
         ref = info["reference"]
         scans = reader.load(run_dir)
