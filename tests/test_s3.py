@@ -152,7 +152,7 @@ def test_run_report_and_resume_from_s3(
     # Lose one shard's objects: resume redoes that shard and leaves every other object as it was.
     before = objects(uri)
     fs, _ = store.locate(uri)
-    lost = [p for p in before if p.endswith("/cand/p-00001.parquet")]
+    lost = [p for p in before if p.endswith("/target=cand/p-00001.parquet")]
     assert len(lost) == 3  # its requests, tokens and shards files
     for path in lost:
         fs.delete_file(path)
