@@ -108,14 +108,16 @@ def context(run_dir: str | Path, *, sql: str = "") -> pl.SQLContext[pl.LazyFrame
 
 def query(run_dir: str | Path, sql: str) -> pl.DataFrame:
     """Run one SQL statement over the run's tables; errors name the tables and columns there are."""
-    ctx = context(run_dir, sql=sql)
-    try:
-        return ctx.execute(sql).collect()
-    except pl.exceptions.PolarsError as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        msg = f"query failed: {cut(first_line, 200)}\n"
-        msg += f"tables: {', '.join([*ctx.tables()])} (their columns: fleet query RUN_DIR --tables)"
-        raise UserError(msg) from None
+    with reader.decoding(run_dir):  # the derived tables read every stored row
+        ctx = context(run_dir, sql=sql)
+    with reader.decoding(run_dir):  # what Polars' errors do not cover: garbled strings, panics
+        try:
+            return ctx.execute(sql).collect()
+        except pl.exceptions.PolarsError as e:
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            msg = f"query failed: {cut(first_line, 200)}\n"
+            msg += f"tables: {', '.join([*ctx.tables()])} (their columns: fleet query RUN_DIR --tables)"
+            raise UserError(msg) from None
 
 
 def describe(run_dir: str | Path) -> str:
