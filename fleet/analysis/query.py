@@ -123,8 +123,9 @@ def query(run_dir: str | Path, sql: str) -> pl.DataFrame:
 def describe(run_dir: str | Path) -> str:
     """Each queryable table and its columns, one line each."""
     lines = ["tables:"]
-    for name, frame in tables(run_dir).items():
-        lines.append(f"  {name}: {', '.join(frame.collect_schema().names())}")
+    with reader.decoding(run_dir):  # Polars re-reads each footer: a garbled one fails here
+        for name, frame in tables(run_dir).items():
+            lines.append(f"  {name}: {', '.join(frame.collect_schema().names())}")
     lines.append(f"  computed on demand: {', '.join(DERIVED)}")
     return "\n".join(lines)
 
