@@ -16,7 +16,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -32,6 +32,9 @@ Capability = Literal["perf", "smoke", "probe_logits", "probe_layers"]
 CAPABILITIES: tuple[Capability, ...] = ("perf", "smoke", "probe_logits", "probe_layers")
 
 
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=MAX_NAME)]
+
+
 class TargetArgs(Strict):
     """Fields every target has; a backend's args model adds its own and a `kind` literal."""
 
@@ -43,10 +46,15 @@ class TargetArgs(Strict):
     dtype: DType = Field("bfloat16", description="Weights and activations dtype.")
     num_cpus: float = Field(1.0, gt=0, le=1024, description="Ray CPU slots the actor holds (its only resource on cpu).")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="Cards one engine spans, all on one node.")
-    resources: dict[str, float] = Field(
-        default_factory=dict, description="Extra Ray resources the actor needs, e.g. {'accelerator_type:910B': 0.001}."
+    resources: dict[Annotated[str, Field(min_length=1, max_length=MAX_NAME)], Annotated[float, Field(ge=0, le=1e6)]] = (
+        Field(
+            default_factory=dict,
+            description="Extra Ray resources the actor needs, e.g. {'accelerator_type:910B': 0.001}.",
+        )
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the actor process.")
+    env: dict[EnvName, Annotated[str, Field(max_length=32768, pattern=r"^[^\x00]*$")]] = Field(
+        default_factory=dict, description="Extra environment for the actor process."
+    )
     parity: bool = Field(
         True, description="Run the parity prompts here (false: a perf-only target, e.g. dummy weights)."
     )
