@@ -340,3 +340,5 @@ def test_writes_are_checked_to_stay_inside_their_root(tmp_path: Path) -> None:
             inside(tmp_path, escape, what="rows")
     with pytest.raises(UserError, match="outside"):
         inside("bucket/run", "bucket/run/../other/x.parquet", what="rows", local=False)
+    endpoint = "s3://bucket/run?endpoint_override=http://127.0.0.1:9000"
+    inside(endpoint, "s3://bucket/run/r1?endpoint_override=http://127.0.0.1:9000", what="run directory")

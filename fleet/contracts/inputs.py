@@ -67,7 +67,10 @@ def inside(root: str | Path, path: str | Path, *, what: str, local: bool = True)
     `local=False`: object store keys (or URIs), which have no symlinks to resolve."""
     root_s, path_s = str(root), str(path)
     if "://" in root_s or not local:  # object store keys: no resolution, but no `..` component either
-        ok = path_s.startswith(root_s.rstrip("/") + "/") and ".." not in path_s[len(root_s) :].split("/")
+        if "://" in root_s:  # compare bucket and key; the query (endpoint_override=...) is not a path
+            root_s, path_s = (urlsplit(u)._replace(query="", fragment="").geturl() for u in (root_s, path_s))
+        prefix = root_s.rstrip("/") + "/"
+        ok = path_s.startswith(prefix) and ".." not in path_s[len(prefix) :].split("/")
     else:
         ok = Path(path_s).resolve().is_relative_to(Path(root_s).resolve()) and ".." not in Path(path_s).parts
     if not ok:
