@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception:  # noqa: BLE001  (the boundary: anything else is ours to fix, and says so)
+    except SystemExit:
+        raise
+    except BaseException:  # noqa: BLE001  (the boundary: anything else, Polars panics included, is a bug)
         traceback.print_exc()
         print(
             "error: this is a bug in fleet-eval (not in your input): please report it with the traceback above",

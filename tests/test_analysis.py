@@ -273,7 +273,7 @@ def test_parity_identical_candidate() -> None:
 
 
 def test_unknown_reference_is_refused() -> None:
-    with pytest.raises(ValueError, match="reference target 'nope'"):
+    with pytest.raises(UserError, match="reference target 'nope' has no rows"):
         analysis.parity(REQUESTS, TOKENS, "nope")
 
 

@@ -84,6 +84,7 @@ def tiny(**replace: str) -> str:
 
 def test_unreadable_manifests(tmp_path: Path) -> None:
     check(tmp_path, b"models: \xff\xfe\n", "m.yaml", "not UTF-8")
+    check(tmp_path, TINY.replace("tiny-llama", "tiny\0llama").encode(), "m.yaml", "not valid YAML")
     (tmp_path / "dir.yaml").mkdir()
     code, _, err = run_cli("run", "--check", tmp_path / "dir.yaml")
     assert_user_error(code, err, "dir.yaml", "is a directory")
@@ -327,3 +328,17 @@ def test_a_valid_manifest_checks_clean(tmp_path: Path) -> None:
 def test_manifest_errors_name_the_file(tmp_path: Path) -> None:
     err = check(tmp_path, textwrap.dedent("models: []\n"), "m.yaml")
     assert err.startswith("error: ")
+
+
+def test_writes_are_checked_to_stay_inside_their_root(tmp_path: Path) -> None:
+    from fleet.contracts.inputs import inside
+
+    inside(tmp_path, tmp_path / "t" / "x.parquet", what="rows")
+    (tmp_path / "link").symlink_to("/")
+    for escape in (tmp_path / ".." / "x", tmp_path / "link" / "etc", Path("/elsewhere")):
+        with pytest.raises(UserError, match="outside"):
+            inside(tmp_path, escape, what="rows")
+    with pytest.raises(UserError, match="outside"):
+        inside("bucket/run", "bucket/run/../other/x.parquet", what="rows", local=False)
+    endpoint = "s3://bucket/run?endpoint_override=http://127.0.0.1:9000"
+    inside(endpoint, "s3://bucket/run/r1?endpoint_override=http://127.0.0.1:9000", what="run directory")

@@ -22,6 +22,7 @@ from actors import capture as engine_probes
 from actors.sources import resolver
 from fleet.analysis import consistency, gates, probes
 from fleet.contracts import schema
+from fleet.contracts.errors import UserError
 from fleet.run import matrix
 
 KEY = {"model": "m", "model_weights": "w", "prompt_set": "s"}
@@ -153,7 +154,7 @@ def test_logits_errors_and_summary() -> None:
     assert summary["other-input"]["n_input_mismatch"] == 3
     assert summary["other-input"]["logits_cosine_min"] is None
 
-    with pytest.raises(ValueError, match="reference target 'nope'"):
+    with pytest.raises(UserError, match="reference target 'nope' has no rows"):
         probes.logits_errors(frame, "nope")
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from fleet.contracts.errors import UserError
+
 pytestmark = pytest.mark.engine
 
 SENTINEL = f"sk-fleet-sentinel-{secrets.token_hex(8)}"
@@ -161,6 +163,24 @@ def test_endpoint_target_matches_the_reference_and_never_writes_its_key(
     )
     run_dir, outcome = driver.run(manifest, results_dir=tmp_path / "results", run_id="ep", progress=False)
     assert not outcome.failures, outcome.failures
+    # Every other field that could carry the key refuses it before anything is written, and says
+    # so without repeating it (the scan below then finds it nowhere, these manifests deleted).
+    text, url = manifest.read_text(), server[1]["base_url"]
+    host = url.split("://", 1)[1]
+    for bad, results in (
+        (text.replace(url, f"http://user:{SENTINEL}@{host}"), tmp_path / "results"),
+        (text.replace(url, f"{url}?api_key={SENTINEL}"), tmp_path / "results"),
+        (text.replace("dtype: float32}", f"dtype: float32, env: {{HF_TOKEN: {SENTINEL}}}}}", 1), tmp_path / "results"),
+        (text, f"s3://bucket/prefix?secret_key={SENTINEL}"),
+    ):
+        assert bad != text or isinstance(results, str)
+        leaky = tmp_path / "leaky.yaml"
+        leaky.write_text(bad)
+        with pytest.raises(UserError) as refused:
+            driver.run(leaky, results_dir=results, run_id="leak", progress=False)
+        leaky.unlink()
+        assert SENTINEL not in str(refused.value)
+        assert not (tmp_path / "results" / "leak").exists()
     t = reader.load(run_dir)
     [row] = analysis.parity(t["requests"], t["tokens"], "hf-fp32").to_dicts()
     assert row["n_prompts"] == 4 and row["tf_top1_agreement"] == 1.0 and row["tf_max_abs_logprob_diff"] < 1e-4

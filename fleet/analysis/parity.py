@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from fleet.contracts.errors import UserError
+
 Frame = pl.DataFrame | pl.LazyFrame
 
 PROMPT = ["model", "prompt_set", "prompt_id"]  # identifies a prompt within a model
@@ -43,8 +45,11 @@ def split(frame: Frame, reference: str) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     lazy = frame.lazy()
     targets = lazy.select(pl.col("target").unique()).collect().to_series().to_list()
     if targets and reference not in targets:
-        msg = f"reference target {reference!r} not among targets {sorted(targets)}"
-        raise ValueError(msg)
+        # A misspelt reference, or a run whose reference rows are missing (it failed, or its files
+        # were lost): nothing can be compared, and that is the run's state, not a crash.
+        msg = f"reference target {reference!r} has no rows among targets {sorted(targets)[:10]}; "
+        msg += "parity needs the reference's results (did it fail, or are its files missing?)"
+        raise UserError(msg)
     is_ref = pl.col("target") == reference
     return lazy.filter(is_ref), lazy.filter(~is_ref)
 

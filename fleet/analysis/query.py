@@ -132,22 +132,24 @@ def _run_id(run_dir: str | Path) -> str:
 
 def query(run_dir: str | Path, sql: str) -> pl.DataFrame:
     """Run one SQL statement over the run's tables; errors name the tables and columns there are."""
-    with reader.decoding(run_dir):  # derived tables read stored rows as they are registered
+    with reader.decoding(run_dir):  # the derived tables read every stored row
         ctx = context(run_dir, sql=sql)
-    try:
-        return ctx.execute(sql).collect()
-    except pl.exceptions.PolarsError as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        msg = f"query failed: {cut(first_line, 200)}\n"
-        msg += f"tables: {', '.join([*ctx.tables()])} (their columns: fleet query RUN_DIR --tables)"
-        raise UserError(msg) from None
+    with reader.decoding(run_dir):  # what Polars' errors do not cover: garbled strings, panics
+        try:
+            return ctx.execute(sql).collect()
+        except pl.exceptions.PolarsError as e:
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            msg = f"query failed: {cut(first_line, 200)}\n"
+            msg += f"tables: {', '.join([*ctx.tables()])} (their columns: fleet query RUN_DIR --tables)"
+            raise UserError(msg) from None
 
 
 def describe(run_dir: str | Path) -> str:
     """Each queryable table and its columns, one line each."""
     lines = ["tables:"]
-    for name, frame in tables(run_dir).items():
-        lines.append(f"  {name}: {', '.join(frame.collect_schema().names())}")
+    with reader.decoding(run_dir):  # Polars re-reads each footer: a garbled one fails here
+        for name, frame in tables(run_dir).items():
+            lines.append(f"  {name}: {', '.join(frame.collect_schema().names())}")
     lines.append(f"  computed on demand: {', '.join(DERIVED)}")
     return "\n".join(lines)
 

@@ -85,9 +85,13 @@ class Gate(Strict):
     targets: list[str] | None = Field(
         None, min_length=1, description="Targets to check (default: every candidate; the reference only if named)."
     )
-    name: str | None = Field(None, description="Label in the verdict table (default: 'metric op threshold').")
+    name: str | None = Field(
+        None, max_length=200, description="Label in the verdict table (default: 'metric op threshold')."
+    )
     scenario: str | None = Field(None, description="For perf_* metrics: the perf scenario (required there).")
-    level: int | None = Field(None, ge=1, description="For perf_* metrics: the concurrency level (required there).")
+    level: int | None = Field(
+        None, ge=1, le=4096, description="For perf_* metrics: the concurrency level (required there)."
+    )
 
     @model_validator(mode="after")
     def _perf_needs_scenario_and_level(self) -> Gate:

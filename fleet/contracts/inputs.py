@@ -62,11 +62,15 @@ def check_path_text(value: Any) -> Any:
     return value
 
 
-def inside(root: str | Path, path: str | Path, *, what: str) -> None:
-    """Refuse to write `path` unless it resolves inside `root` (a run directory or a cache)."""
+def inside(root: str | Path, path: str | Path, *, what: str, local: bool = True) -> None:
+    """Refuse to write `path` unless it resolves inside `root` (a run directory or a cache).
+    `local=False`: object store keys (or URIs), which have no symlinks to resolve."""
     root_s, path_s = str(root), str(path)
-    if "://" in root_s:  # object store keys: no resolution, but no `..` component either
-        ok = path_s.startswith(root_s.rstrip("/") + "/") and ".." not in path_s[len(root_s) :].split("/")
+    if "://" in root_s or not local:  # object store keys: no resolution, but no `..` component either
+        if "://" in root_s:  # compare bucket and key; the query (endpoint_override=...) is not a path
+            root_s, path_s = (urlsplit(u)._replace(query="", fragment="").geturl() for u in (root_s, path_s))
+        prefix = root_s.rstrip("/") + "/"
+        ok = path_s.startswith(prefix) and ".." not in path_s[len(prefix) :].split("/")
     else:
         ok = Path(path_s).resolve().is_relative_to(Path(root_s).resolve()) and ".." not in Path(path_s).parts
     if not ok:
@@ -186,12 +190,9 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 def load_yaml(text: str, *, source: str) -> Any:
     """One YAML document, safely: duplicate keys, alias bombs, deep nesting and bad scalars are a
     one-line UserError naming `source` and the line."""
-    try:  # the reader checks the text is printable as it opens
-        loader = _Loader(text)
-    except yaml.YAMLError as e:
-        msg = f"{source}: not valid YAML: {cut(str(e), 120)}"
-        raise UserError(msg) from None
+    loader = None
     try:
+        loader = _Loader(text)  # refuses unprintable characters (NUL) right here
         node = loader.get_single_node()
         if node is None:
             return None
@@ -209,4 +210,5 @@ def load_yaml(text: str, *, source: str) -> Any:
         msg = f"{source}: not valid YAML: {cut(str(e), 120)}"
         raise UserError(msg) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()

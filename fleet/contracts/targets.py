@@ -16,7 +16,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -30,6 +30,9 @@ from fleet.contracts.spec import ProbeKind
 #   probe_logits / probe_layers: the deep parity probes (full-vocabulary logprobs, hidden states).
 Capability = Literal["perf", "smoke", "probe_logits", "probe_layers"]
 CAPABILITIES: tuple[Capability, ...] = ("perf", "smoke", "probe_logits", "probe_layers")
+
+
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=MAX_NAME)]
 
 
 class TargetArgs(Strict):
@@ -51,10 +54,15 @@ class TargetArgs(Strict):
         le=64,
         description="Pipeline stages; above 1 the engine spans nodes (one Ray bundle per card, vLLM's Ray executor).",
     )
-    resources: dict[str, float] = Field(
-        default_factory=dict, description="Extra Ray resources the actor needs, e.g. {'accelerator_type:910B': 0.001}."
+    resources: dict[Annotated[str, Field(min_length=1, max_length=MAX_NAME)], Annotated[float, Field(ge=0, le=1e6)]] = (
+        Field(
+            default_factory=dict,
+            description="Extra Ray resources the actor needs, e.g. {'accelerator_type:910B': 0.001}.",
+        )
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the actor process.")
+    env: dict[EnvName, Annotated[str, Field(max_length=32768, pattern=r"^[^\x00]*$")]] = Field(
+        default_factory=dict, description="Extra environment for the actor process."
+    )
     parity: bool = Field(
         True, description="Run the parity prompts here (false: a perf-only target, e.g. dummy weights)."
     )

@@ -73,13 +73,18 @@ _INFO_FIELDS: dict[str, type] = {
 }
 
 
+_PANIC: type[BaseException] = getattr(pl.exceptions, "PanicException", pl.exceptions.ComputeError)
+
+
 @contextlib.contextmanager
 def decoding(run_dir: str | Path) -> Iterator[None]:
     """Parquet files of `run_dir` that cannot be decoded (truncated, garbled) are bad input, named
     as such: a damaged run directory, not a crash. Wrap reads of stored tables only."""
     try:
         yield
-    except (pa.ArrowException, pl.exceptions.ComputeError, OSError) as e:
+    # UnicodeDecodeError: garbled string pages; PanicException (a BaseException): Polars' reader
+    # unwrapping garbled metadata. Neither is a bug of ours when it comes from a stored file.
+    except (pa.ArrowException, pl.exceptions.ComputeError, OSError, UnicodeDecodeError, _PANIC) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         msg = f"{cut(str(run_dir), 200)}: a stored table cannot be read (damaged run directory?): {cut(first, 160)}"
         raise UserError(msg) from None

@@ -117,7 +117,8 @@ class RunStore:
         data = data.set_column(0, "run_id", pa.array([self.run_id] * data.num_rows, pa.string()))
         weights = data.column("model_weights")[0].as_py() if data.num_rows else "none"
         path = "/".join([self.root, *_layout(table, shard_id, weights)])
-        inside(self.root, path, what=f"{table} rows of {shard_id[:200]}")  # names are validated; this is the guard
+        # The names in it are validated already; this is the guard that the layout stays in the run.
+        inside(self.root, path, what=f"{table} rows of {shard_id[:200]}", local=self.local)
         if self.local:  # straight to the temp file: no in-memory copy of a big shard
             tmp = self._temp(path)
             pq.write_table(data, tmp, compression="zstd", compression_level=1)

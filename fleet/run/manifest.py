@@ -19,7 +19,7 @@ from fleet.contracts.gates import Gate
 from fleet.contracts.inputs import clip, cut, load_yaml, read_text
 from fleet.contracts.prompt_source import CHECK_ROWS, PromptFile, chunks, read_slice
 from fleet.contracts.prompts import Prompt
-from fleet.contracts.sources import GgufSource, PathSource, SyntheticSource
+from fleet.contracts.sources import GgufSource, PathSource
 from fleet.contracts.spec import (
     PROBE_KINDS,
     ModelSpec,
@@ -33,6 +33,7 @@ from fleet.contracts.spec import (
     Variant,
 )
 from fleet.contracts.targets import BACKENDS, Capability, TargetArgs
+from fleet.run.context import check_context
 from fleet.run.matrix import expand_targets
 from fleet.run.prompt_files import expand
 
@@ -325,51 +326,6 @@ def format_error(path: str | Path, raw: Any, error: ValidationError) -> str:
             msg += f" (got {clip(err['input'], 60)})"
         lines.append(cut(f"  {loc}: {msg}" if loc else f"  {msg}", 300))
     return "\n".join(lines)
-
-
-def context_length(model: ModelSpec, target: TargetArgs) -> int | None:
-    """The context a target runs `model` with, where it is known before anything starts: the model's
-    or target's max_model_len, else the model's own (a synthetic spec, a local config.json)."""
-    own: int | None = None
-    if isinstance(model.source, SyntheticSource):
-        own = model.source.max_position_embeddings
-    elif isinstance(model.source, PathSource):
-        own = _config_context(model.source.path)
-    if target.kind == "endpoint":  # its server decides, and says so only when asked
-        return model.max_model_len
-    return model.max_model_len or getattr(target, "max_model_len", None) or own
-
-
-def _config_context(model_dir: Path) -> int | None:
-    import json
-
-    try:
-        value = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
-    except (OSError, ValueError, AttributeError):
-        return None  # unreadable here: the engine will say why
-    return value if isinstance(value, int) and value > 0 else None
-
-
-def check_context(manifest: Manifest, path: str | Path) -> None:
-    """Requests that cannot fit a known context fail here, not as an engine error after start:
-    max_tokens plus at least one prompt token for parity, input + output tokens for perf."""
-    for model in manifest.models:
-        for target in manifest.targets:
-            length = context_length(model, target)
-            if length is None:
-                continue
-            where = f"{cut(str(path), 200)}: model {model.name!r} on target {target.name!r}"
-            if target.parity and manifest.sampling.max_tokens + 1 > length:
-                msg = f"{where}: sampling.max_tokens {manifest.sampling.max_tokens} plus the prompt "
-                msg += f"exceeds its context of {length} tokens"
-                raise ManifestError(msg)
-            for scenario in manifest.perf:
-                if scenario.input_tokens is None or (scenario.targets and target.name not in scenario.targets):
-                    continue
-                if target.can("perf") and scenario.input_tokens + scenario.output_tokens > length:
-                    msg = f"{where}: perf {scenario.name!r} needs {scenario.input_tokens} + "
-                    msg += f"{scenario.output_tokens} tokens, over its context of {length}"
-                    raise ManifestError(msg)
 
 
 def _known(err: Any) -> str:
