@@ -16,15 +16,22 @@ from typing import TYPE_CHECKING
 
 from filelock import FileLock
 
+from fleet.contracts.errors import UserError
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 
-def build_once(out_dir: Path, write: Callable[[Path], str], *, marker: str) -> Path:
+def build_once(out_dir: Path, write: Callable[[Path], str], *, marker: str, root: Path) -> Path:
     """Return `out_dir`, first built by `write(tmp)` unless its `marker` file exists already.
 
-    `write` fills the empty directory `tmp` and returns the text of the marker file.
+    `write` fills the empty directory `tmp` and returns the text of the marker file. `out_dir` must
+    be an entry directly in the cache directory `root`: an incomplete one is deleted (rmtree), so
+    a name that walks out of the cache (`..`, a symlink) is refused before anything is touched.
     """
+    if ".." in out_dir.parts or out_dir.resolve().parent != root.resolve() or out_dir.name.startswith("."):
+        msg = f"cache entry {str(out_dir)[:200]!r} is not a directory directly in {str(root)[:200]!r}"
+        raise UserError(msg)
     if (out_dir / marker).is_file():
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)

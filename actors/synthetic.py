@@ -1,7 +1,7 @@
 """Tiny random HF-format causal LMs built from a seed, for testing without a model hub.
 
 `build` writes a Llama or Qwen2 model (float32 safetensors, config, generation config) and a
-byte-level BPE tokenizer trained on the corpus shipped in fleet/data. The same spec gives the
+byte-level BPE tokenizer trained on the corpus shipped in actors/data. The same spec gives the
 same bytes on every node and every run, so a synthetic model can stand in for a downloaded one.
 """
 
@@ -42,7 +42,7 @@ def build(spec: SyntheticSource, out_dir: Path) -> Path:
         _write_model(spec, tmp)
         return spec.model_dump_json() + "\n"
 
-    return build_once(Path(out_dir), write, marker=MARKER)
+    return build_once(Path(out_dir), write, marker=MARKER, root=Path(out_dir).parent)
 
 
 def _check(spec: SyntheticSource) -> None:

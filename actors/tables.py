@@ -14,9 +14,16 @@ if TYPE_CHECKING:
 
 
 def to_generation(
-    shard: Shard, model: ResolvedModel, completions: list[Completion], *, started_at: float, wall_s: float
+    shard: Shard,
+    model: ResolvedModel,
+    completions: list[Completion],
+    *,
+    started_at: float,
+    wall_s: float,
+    tokens: pa.Table | None = None,
 ) -> Generation:
-    """Build the requests, tokens and shards rows of one shard (ref_* columns left null)."""
+    """Build the requests, tokens and shards rows of one shard (ref_* columns left null);
+    `tokens` given: the tokens rows already built (dense_generation)."""
     import datetime as dt
     import socket
 
@@ -54,17 +61,21 @@ def to_generation(
         ]
     )
     n = [len(c.output_token_ids) for c in completions]
-    tokens = pa.table(
-        {
-            **{key: [value] * sum(n) for key, value in keys.items()},
-            "prompt_id": [c.prompt.id for c in completions for _ in c.output_token_ids],
-            "position": [i for c in completions for i in range(len(c.output_token_ids))],
-            "token_id": [t for c in completions for t in c.output_token_ids],
-            "logprob": [x for c in completions for x in c.logprobs],
-            "rank": [x for c in completions for x in c.ranks],
-            "topk_ids": [x for c in completions for x in c.topk_ids],
-            "topk_logprobs": [x for c in completions for x in c.topk_logprobs],
-        }
+    tokens = (
+        tokens
+        if tokens is not None
+        else pa.table(
+            {
+                **{key: [value] * sum(n) for key, value in keys.items()},
+                "prompt_id": [c.prompt.id for c in completions for _ in c.output_token_ids],
+                "position": [i for c in completions for i in range(len(c.output_token_ids))],
+                "token_id": [t for c in completions for t in c.output_token_ids],
+                "logprob": [x for c in completions for x in c.logprobs],
+                "rank": [x for c in completions for x in c.ranks],
+                "topk_ids": [x for c in completions for x in c.topk_ids],
+                "topk_logprobs": [x for c in completions for x in c.topk_logprobs],
+            }
+        )
     )
     shard_row = pa.Table.from_pylist(
         [
@@ -84,6 +95,57 @@ def to_generation(
         schema.conform(tokens, schema.TOKENS),
         schema.conform(shard_row, schema.SHARDS),
     )
+
+
+def dense_generation(
+    shard: Shard,
+    model: ResolvedModel,
+    completions: list[Completion],
+    arrays: Mapping[str, Any],
+    *,
+    started_at: float,
+    wall_s: float,
+) -> Generation:
+    """`to_generation` for a shard whose prompts all generated the same number of tokens, with the
+    per-token columns given as numpy arrays (token_id, logprob, rank: [n, T]; topk_ids,
+    topk_logprobs: [n, T, k]) instead of lists in each Completion (whose per-token lists are then
+    ignored): the test double's path, so a benchmark measures the driver and not list building."""
+    import numpy as np
+    import pyarrow as pa
+
+    from fleet.contracts import schema
+
+    n, t = arrays["token_id"].shape
+    k = arrays["topk_ids"].shape[2]
+
+    def per_token(name: str, dtype: Any) -> pa.Array:
+        return pa.array(np.ascontiguousarray(arrays[name], dtype=dtype).reshape(-1))
+
+    def lists(name: str, dtype: Any) -> pa.Array:
+        flat = pa.array(np.ascontiguousarray(arrays[name], dtype=dtype).reshape(-1))
+        return pa.ListArray.from_arrays(pa.array(np.arange(0, n * t * k + 1, k, dtype=np.int32)), flat)
+
+    ids = np.array([c.prompt.id for c in completions], dtype=object)
+    keys = {
+        "model": shard.model,
+        "model_weights": model.weights,
+        "target": shard.target,
+        "prompt_set": shard.prompt_set,
+    }
+    tokens = pa.table(
+        {
+            **{c: pa.array([v] * (n * t), pa.string()) for c, v in keys.items()},
+            "prompt_id": pa.array(np.repeat(ids, t), pa.string()),
+            "position": pa.array(np.tile(np.arange(t, dtype=np.int32), n)),
+            "token_id": per_token("token_id", np.int32),
+            "logprob": per_token("logprob", np.float32),
+            "rank": per_token("rank", np.int32),
+            "topk_ids": lists("topk_ids", np.int32),
+            "topk_logprobs": lists("topk_logprobs", np.float32),
+        }
+    )
+    tokens = schema.conform(tokens, schema.TOKENS)
+    return to_generation(shard, model, completions, started_at=started_at, wall_s=wall_s, tokens=tokens)
 
 
 def scores_table(rows: list[dict[str, object]]) -> pa.Table:

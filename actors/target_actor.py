@@ -25,10 +25,13 @@ if TYPE_CHECKING:
 
 class TargetActor:
     def __init__(self, target: TargetArgs, model: ModelSpec, sampling: Sampling) -> None:
+        from actors import threads
         from actors.devices import pin_visible_devices
         from actors.sources import resolver, weights_digest
 
-        pin_visible_devices(target.device)  # before any engine import touches the device
+        if not target.spans_nodes:  # over several nodes the actor holds no card; vLLM's workers do
+            pin_visible_devices(target.device)  # before any engine import touches the device
+        self.threads = threads.apply(target)  # before the engine starts its thread pools
         self.target = target
         source = resolver(model.source)
         path = source.local_dir()
@@ -36,7 +39,7 @@ class TargetActor:
         self.engine = engine_class(target.kind)(target, self.model, sampling=sampling)
 
     def generate(self, shard: Shard) -> Generation:
-        return self.engine.generate(shard)
+        return self.engine.generate(shard.loaded())  # a file's rows are read here, not in the driver
 
     def score(self, requests: pa.Table, *, k: int) -> pa.Table:
         return self.engine.score(requests, k=k)
@@ -48,8 +51,14 @@ class TargetActor:
 
         import ray
 
+        from actors import threads
+
         m = self.model
-        return self.engine.describe() | {
+        info = self.engine.describe()
+        ranks = json.loads(info.pop("rank_threads")) if "rank_threads" in info else None
+        return info | {
+            "threads": json.dumps(threads.describe(self.threads, ranks)),
+            "placement_group": json.dumps(_placement_group()),
             "node_id": ray.get_runtime_context().get_node_id(),
             "accelerator_ids": json.dumps(ray.get_runtime_context().get_accelerator_ids()),
             "pid": str(os.getpid()),
@@ -85,3 +94,21 @@ class TargetActor:
             msg = f"{self.target.kind!r} targets do not declare the {capability!r} capability"
             raise TypeError(msg)
         return self.engine
+
+
+def _placement_group() -> dict[str, object] | None:
+    """The placement group this actor runs in, with the node of each bundle (None outside one)."""
+    import ray
+    from ray.util import placement_group_table
+
+    pg = ray.util.get_current_placement_group()
+    if pg is None:
+        return None
+    table = placement_group_table(pg)
+    nodes = table["bundles_to_node_id"]
+    return {
+        "id": pg.id.hex(),
+        "strategy": table["strategy"],
+        "bundles": [table["bundles"][i] for i in sorted(table["bundles"])],
+        "bundle_nodes": [nodes.get(i) for i in sorted(table["bundles"])],
+    }

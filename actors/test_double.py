@@ -8,13 +8,14 @@ emit NaN, on chosen shards, once (a marker file makes the retry behave).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from actors.tables import scores_table, to_generation
+import numpy as np
+
+from actors.tables import dense_generation
 from fleet.contracts.engine import Completion, Engine, Generation
 from fleet.contracts.targets import TestDoubleArgs
 
@@ -24,11 +25,20 @@ if TYPE_CHECKING:
     from fleet.contracts.spec import Shard
 
 
-def _pseudo(seed: str, vocab: int, k: int) -> tuple[list[int], list[float]]:
-    """Deterministic top-k ids and logprobs for a context, the same on every host."""
-    h = zlib.crc32(seed.encode())
-    ids = [(h + 7919 * i) % vocab for i in range(k)]
-    return ids, [-0.5 - i - (h % 97) / 1000 for i in range(k)]
+_STEP = 0x9E3779B1  # positions spread over the 32-bit hash space (Fibonacci hashing)
+
+
+def _pseudo(prompt_ids: list[str], n: int, vocab: int, k: int) -> tuple[Any, Any]:
+    """Deterministic top-k ids and logprobs at positions 0..n-1 of each prompt, the same on every
+    host: arrays [prompts, n, k], computed at once (numpy), so the double costs the harness little."""
+    import numpy as np
+
+    base = np.array([zlib.crc32(p.encode()) for p in prompt_ids], dtype=np.uint64)
+    h = (base[:, None] + np.arange(n, dtype=np.uint64)[None, :] * np.uint64(_STEP)) % np.uint64(1 << 32)
+    j = np.arange(k, dtype=np.uint64)
+    ids = ((h[..., None] + np.uint64(7919) * j) % np.uint64(vocab)).astype(np.int32)
+    values = -0.5 - j.astype(np.float64) - (h % np.uint64(97)).astype(np.float64)[..., None] / 1000
+    return ids, values
 
 
 class TestDoubleEngine(Engine):
@@ -59,21 +69,27 @@ class TestDoubleEngine(Engine):
             time.sleep(0.5)  # mid-shard, as a SIGKILL would find it
             os.kill(os.getpid(), 9)
         nan = shard.shard_id in self.args.nan_shards
-        completions = [self._complete(p, nan=nan) for p in shard.prompts]
-        return to_generation(shard, self.model, completions, started_at=started, wall_s=time.perf_counter() - t0)
-
-    def _complete(self, prompt: Any, *, nan: bool) -> Completion:
         k, n = self.sampling.logprobs, self.sampling.max_tokens
-        prompt_ids = [zlib.crc32(w.encode()) % self.args.vocab_size for w in (prompt.prompt or prompt.id).split()]
-        out, lps, tops, top_lps = [], [], [], []
-        for pos in range(n):
-            ids, values = _pseudo(f"{prompt.id}:{pos}", self.args.vocab_size, k)
-            out.append(ids[0])
-            lps.append(math.nan if nan else values[0] + self.args.logprob_shift)
-            tops.append(ids)
-            top_lps.append([v + self.args.logprob_shift for v in values])
+        ids, values = _pseudo([p.id for p in shard.prompts], n, self.args.vocab_size, k)
+        values = values + self.args.logprob_shift
+        logprob = np.full(ids.shape[:2], np.nan) if nan else values[..., 0]
         if self.args.seconds_per_token:
-            time.sleep(self.args.seconds_per_token * n)
+            time.sleep(self.args.seconds_per_token * n * len(shard.prompts))
+        completions = [self._complete(p, out) for p, out in zip(shard.prompts, ids[..., 0].tolist(), strict=True)]
+        arrays = {"token_id": ids[..., 0], "logprob": logprob, "rank": np.ones(ids.shape[:2]), "topk_ids": ids}
+        return dense_generation(
+            shard,
+            self.model,
+            completions,
+            arrays | {"topk_logprobs": values},
+            started_at=started,
+            wall_s=time.perf_counter() - t0,
+        )
+
+    def _complete(self, prompt: Any, out: list[int]) -> Completion:
+        """The request's row; its per-token columns come as arrays (dense_generation)."""
+        n, spt = len(out), self.args.seconds_per_token
+        prompt_ids = [zlib.crc32(w.encode()) % self.args.vocab_size for w in (prompt.prompt or prompt.id).split()]
         return Completion(
             prompt=prompt,
             rendered=prompt.prompt or "",
@@ -81,33 +97,53 @@ class TestDoubleEngine(Engine):
             output_token_ids=out,
             output_text=" ".join(map(str, out)),
             finish_reason="length",
-            logprobs=lps,
-            ranks=[1] * n,
-            topk_ids=tops,
-            topk_logprobs=top_lps,
+            logprobs=[],
+            ranks=[],
+            topk_ids=[],
+            topk_logprobs=[],
             queue_s=0.0,
-            ttft_s=self.args.seconds_per_token,
-            tpot_s=self.args.seconds_per_token if n > 1 else None,
-            e2e_s=self.args.seconds_per_token * n,
+            ttft_s=spt,
+            tpot_s=spt if n > 1 else None,
+            e2e_s=spt * n,
         )
 
     def score(self, requests: pa.Table, *, k: int) -> pa.Table:
-        rows: list[dict[str, object]] = []
-        for r in requests.select(["prompt_id", "output_token_ids"]).to_pylist():
-            for pos, tok in enumerate(r["output_token_ids"]):
-                ids, values = _pseudo(f"{r['prompt_id']}:{pos}", self.args.vocab_size, k)
-                rank = ids.index(tok) + 1 if tok in ids else k + 1
-                rows.append(
-                    {
-                        "prompt_id": r["prompt_id"],
-                        "position": pos,
-                        "ref_logprob": values[rank - 1] if rank <= k else values[-1] - 1,
-                        "ref_rank": rank,
-                        "ref_topk_ids": ids,
-                        "ref_topk_logprobs": values,
-                    }
-                )
-        return scores_table(rows)
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from fleet.contracts import schema
+
+        outputs = requests.column("output_token_ids").combine_chunks()
+        counts = pc.list_value_length(outputs).fill_null(0).to_numpy(zero_copy_only=False)
+        if not counts.sum():
+            return schema.SCORES.empty_table()
+        n = int(counts.max())
+        prompt_ids = requests.column("prompt_id").to_pylist()
+        ids, values = _pseudo(prompt_ids, n, self.args.vocab_size, k)
+        present = np.arange(n)[None, :] < counts[:, None]  # [prompts, n]: positions each request has
+        toks = np.zeros(present.shape, dtype=np.int64)
+        toks[present] = pc.list_flatten(outputs).to_numpy()
+        hit = ids == toks[..., None]
+        rank = np.where(hit.any(axis=2), hit.argmax(axis=2) + 1, k + 1)
+        picked = np.take_along_axis(values, np.minimum(rank, k)[..., None] - 1, axis=2)[..., 0]
+        ref_logprob = np.where(rank <= k, picked, values[..., -1] - 1)
+        rows = np.nonzero(present)
+
+        def lists(a: Any, dtype: Any) -> pa.Array:
+            flat = pa.array(np.ascontiguousarray(a[rows], dtype=dtype).reshape(-1))
+            return pa.ListArray.from_arrays(pa.array(np.arange(0, len(rows[0]) * k + 1, k, dtype=np.int32)), flat)
+
+        table = pa.table(
+            {
+                "prompt_id": pa.array(np.array(prompt_ids, dtype=object)[rows[0]], pa.string()),
+                "position": pa.array(rows[1].astype(np.int32)),
+                "ref_logprob": pa.array(ref_logprob[rows].astype(np.float32)),
+                "ref_rank": pa.array(rank[rows].astype(np.int32)),
+                "ref_topk_ids": lists(ids, np.int32),
+                "ref_topk_logprobs": lists(values, np.float32),
+            }
+        )
+        return schema.conform(table, schema.SCORES)
 
     def describe(self) -> dict[str, str]:
         import platform

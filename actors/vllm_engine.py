@@ -42,9 +42,15 @@ class VllmEngine(Engine):
             enforce_eager=args.enforce_eager,
             disable_log_stats=False,  # without it RequestOutput.metrics is None
             seed=self.sampling.seed,
-            # The actor holds all tp cards on one node; the engine spreads over them itself.
             tensor_parallel_size=args.tensor_parallel_size,
-            **({"max_logprobs": max(20, self.sampling.logprobs)} | extra | args.engine_args),
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            # The executor is chosen from the placement (fleet/contracts/targets.py), never guessed
+            # by vLLM; engine_args may still override it, like everything in this dict.
+            **(
+                {"max_logprobs": max(20, self.sampling.logprobs), "distributed_executor_backend": args.executor}
+                | extra
+                | args.engine_args
+            ),
         )
         self.tokenizer = self.llm.get_tokenizer()
         # The first request with logprobs pays one-off costs (~2 s); keep them out of the timings.
@@ -160,9 +166,17 @@ class VllmEngine(Engine):
         return probes.logits_table(probes.keys(self.model, self.args.name, prompt_set), out)
 
     def describe(self) -> dict[str, str]:
+        import json
+
         from actors.provenance import describe
 
-        return describe(self.args.device)
+        # Asked of every rank, wherever the executor runs it: the threads its torch really uses,
+        # and over several nodes (this actor then holds no card) the device facts, from rank 0's.
+        spans = self.args.spans_nodes
+        ranks = self.llm.collective_rpc(_rank_facts, args=(self.args.device, spans))
+        info = ranks[0]["device"] if spans else describe(self.args.device)
+        info |= {"rank_threads": json.dumps([r["torch_threads"] for r in ranks])}
+        return info | ({"rank_hosts": json.dumps([r["hostname"] for r in ranks])} if spans else {})
 
     def shutdown(self) -> None:
         # Without an explicit shutdown the engine-core process outlives the actor (docs/platform.md).
@@ -190,3 +204,15 @@ class VllmEngine(Engine):
 def _step(entries: dict[int, Any]) -> Step:
     """A step of vLLM `Logprob`s as {token id: (rank, logprob)}."""
     return {t: (e.rank, e.logprob) for t, e in entries.items()}
+
+
+def _rank_facts(worker: Any, device: str, with_device: bool) -> dict[str, Any]:
+    """Run in each engine rank (LLM.collective_rpc hands it the rank's worker)."""
+    import socket
+
+    import torch
+
+    from actors.provenance import describe
+
+    facts: dict[str, Any] = {"torch_threads": int(torch.get_num_threads()), "hostname": socket.gethostname()}
+    return facts | ({"device": describe(device)} if with_device else {})

@@ -85,12 +85,9 @@ class VllmServerEngine(OpenAIEngine):
         cmd = [sys.executable, "-m", SERVER, "--model", str(self.model.path)]
         cmd += ["--served-model-name", self.model.name, "--tokenizer", self.tokenizer_path]
         cmd += ["--host", a.host, "--port", str(port), "--dtype", self.dtype, "--seed", str(self.sampling.seed)]
-        cmd += [
-            "--max-logprobs",
-            str(max(20, self.sampling.logprobs)),
-            "--tensor-parallel-size",
-            str(a.tensor_parallel_size),
-        ]
+        cmd += ["--max-logprobs", str(max(20, self.sampling.logprobs))]
+        # The executor is chosen from the placement (fleet/contracts/targets.py), never guessed.
+        cmd += ["--tensor-parallel-size", str(a.tensor_parallel_size), "--distributed-executor-backend", a.executor]
         # Per-request metrics give the engine-side queue/TTFT/ITL (a server without them: see
         # unsupported_flags); the access log would grow per request.
         cmd += [f for f in [vllm_surface.PER_REQUEST_METRICS] if f not in self.missing_flags]
@@ -135,6 +132,7 @@ class VllmServerEngine(OpenAIEngine):
             "server_pgid": str(self.group),
             "server_log": str(self.log_path),
             "fallbacks": json.dumps(taken),
+            "server_threads": json.dumps(_thread_env(_members(self.group) - {self.supervisor})),
         }
 
     def shutdown(self) -> None:
@@ -279,6 +277,21 @@ def _clear_group(pgid: int, grace: float, *, keep: int | None = None) -> None:
         deadline = time.monotonic() + grace
         while _members(pgid) - {keep} and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+def _thread_env(pids: set[int]) -> dict[str, dict[str, str]]:
+    """OMP_NUM_THREADS / MKL_NUM_THREADS / VLLM_CPU_OMP_THREADS_BIND as each server process
+    started with them (its /proc environ), by pid: what the server's engine really runs with."""
+    keys = {b"OMP_NUM_THREADS", b"MKL_NUM_THREADS", b"VLLM_CPU_OMP_THREADS_BIND"}
+    out = {}
+    for pid in sorted(pids):
+        try:
+            entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        pairs = (e.partition(b"=") for e in entries)
+        out[str(pid)] = {k.decode(): v.decode() for k, _, v in pairs if k in keys}
+    return out
 
 
 def _members(pgid: int) -> set[int]:

@@ -61,6 +61,8 @@ SURFACE: tuple[Item, ...] = (
             "disable_log_stats",
             "seed",
             "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "distributed_executor_backend",  # "uni", "mp" or "ray": fleet/contracts/targets.py
             "max_logprobs",
             "max_model_len",
             "load_format",  # fleet/contracts/targets.py: a dummy-weights target is perf-only
@@ -80,7 +82,10 @@ SURFACE: tuple[Item, ...] = (
             "output_kind",
         )
     ),
-    *(Item("member", f"vllm.entrypoints.llm.LLM.{m}") for m in ("generate", "chat", "get_tokenizer", "llm_engine")),
+    *(
+        Item("member", f"vllm.entrypoints.llm.LLM.{m}")
+        for m in ("generate", "chat", "get_tokenizer", "llm_engine", "collective_rpc")
+    ),
     Item("param", "vllm.entrypoints.llm.LLM.generate.use_tqdm"),
     Item("param", "vllm.entrypoints.llm.LLM.chat.use_tqdm"),
     *(
@@ -122,6 +127,7 @@ SURFACE: tuple[Item, ...] = (
             "--seed",
             "--max-logprobs",
             "--tensor-parallel-size",
+            "--distributed-executor-backend",
             "--disable-uvicorn-access-log",
             "--max-model-len",
             "--enforce-eager",

@@ -1,7 +1,7 @@
 """Harness overhead: output tokens/s through fleet-eval's VllmEngine.generate (top-5 logprobs and
 the Arrow tables on) vs a bare `LLM.generate` loop with the same sampling on the same LLM.
 
-    .venv/bin/python benchmarks/engine_overhead.py [--rounds 12] [--prompts 32] [--max-tokens 64]
+    .venv/bin/python benchmarks/engine_overhead.py [--rounds 12] [--prompts 32] [--max-tokens 64] [--clock wall|cpu]
 
 Target: ratio >= 0.97. Both variants run greedy with identical SamplingParams on one engine, so
 they generate the same tokens; the difference is fleet-eval's own work (Completion objects,

@@ -1,7 +1,7 @@
 """Logprob capture cost: output tokens/s with top-5 logprobs and fleet-eval's Arrow conversion
 (VllmEngine.generate) vs the same greedy generation without logprobs (bare LLM.generate).
 
-    .venv/bin/python benchmarks/logprob_cost.py [--rounds 12] [--prompts 32] [--max-tokens 64]
+    .venv/bin/python benchmarks/logprob_cost.py [--rounds 12] [--prompts 32] [--max-tokens 64] [--clock wall|cpu]
 
 Target: cost <= 5 %, measured like for like: fleet-eval generates with `detokenize=False` and
 decodes each output once, so the baseline does the same without logprobs (comparing with a

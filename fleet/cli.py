@@ -1,20 +1,25 @@
 """The `fleet` command: one subcommand per verb, the file first, then command-line overrides.
 
     fleet run MANIFEST [--set KEY=VALUE ...] | --resume RUN_DIR     run (or finish) a manifest, print the summary
-    fleet report RUN_DIR [--html F] [--markdown F] [--gates F]
+    fleet report RUN_DIR|RUN_ID [--results ROOT] [--top N] [--html F] [--markdown F] [--gates F]
     fleet compare RUN_A RUN_B [--gates F]
-    fleet query RUN_DIR "SQL" [--format table|csv|json] | --tables
+    fleet runs [RESULTS_ROOT]                   the runs there: id, status, models, targets, gates, started
+    fleet query RUN_DIR|RESULTS_ROOT "SQL" [--format table|csv|json] | --tables
 
-Exit codes: 0 done (and every gate passed); 2 bad input (one message, no traceback, nothing
-written); 3 the run finished but some model/target/shard failed; 4 a gate failed.
+    fleet run --check MANIFEST | --check --resume RUN_DIR   everything before Ray starts, nothing written
+
+Exit codes: 0 done (and every gate passed); 2 bad input (one message of at most 3 lines, no
+traceback, nothing written); 3 the run finished but some model/target/shard failed; 4 a gate
+failed; 1 a bug in fleet-eval (its traceback, and a line saying so).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from fleet.contracts.gates import Gate
@@ -23,11 +28,21 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_USAGE, EXIT_PARTIAL, EXIT_GATES = 0, 2, 3, 4
 
 
+MAX_LINES, MAX_LINE = 3, 400  # what a UserError may print: the rest is cut
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (its own wraps the whole usage over many)."""
+
+    def error(self, message: str) -> NoReturn:
+        from fleet.contracts.inputs import cut
+
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {cut(message, MAX_LINE)} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="fleet", description="Parity and performance of LLM serving targets vs a reference."
-    )
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="fleet", description="Parity and performance of LLM serving targets vs a reference.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run a manifest, write Parquet results, print the summary")
     run.add_argument("manifest", type=Path, nargs="?", help="manifest YAML file")
@@ -49,10 +64,18 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else start a local Ray)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--verbose", action="store_true", help="show actor and engine logs")
+    run.add_argument(
+        "--check", action="store_true", help="validate everything that is checked before Ray starts; write nothing"
+    )
 
     report = sub.add_parser("report", help="recompute and print the summary from a run directory's Parquet files")
     report.add_argument(
-        "run_dir", help="a run directory (results/<run_id>, or a URI such as s3://bucket/prefix/<run_id>)"
+        "run_dir",
+        help="a run directory (results/<run_id>, or a URI: s3://bucket/prefix/<run_id>), or a run id under --results",
+    )
+    report.add_argument("--results", default="results", help="where to look up a run id (default: results)")
+    report.add_argument(
+        "--top", type=int, default=20, metavar="N", help="per-prompt tables: the worst N per target (default 20)"
     )
     report.add_argument("--html", type=Path, metavar="OUT", help="also write a self-contained HTML report")
     report.add_argument("--markdown", type=Path, metavar="OUT", help="also write a Markdown report")
@@ -63,8 +86,11 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("run_b")
     compare.add_argument("--gates", type=Path, metavar="FILE", help="gates YAML: show verdict changes")
 
-    query = sub.add_parser("query", help="SQL over a run's tables (requests, tokens, shards, parity, ...)")
-    query.add_argument("run_dir")
+    runs = sub.add_parser("runs", help="list the runs under a results root")
+    runs.add_argument("results_root", nargs="?", default="results", help="default: results")
+
+    query = sub.add_parser("query", help="SQL over a run's tables, or every run's under a results root")
+    query.add_argument("run_dir", help="a run directory, or a results root (its tables stacked on run_id)")
     query.add_argument("sql", nargs="?", help="a SQL query (Polars SQL)")
     query.add_argument("--format", choices=["table", "csv", "json"], default="table")
     query.add_argument("--tables", action="store_true", help="list the tables and their columns")
@@ -72,18 +98,42 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The one error boundary of every verb: a UserError is at most 3 short lines and exit 2; any
+    other exception is a bug, shown with its traceback, exit 1."""
     from fleet.contracts.errors import UserError
 
     args = _parser().parse_args(argv)
     try:
-        return {"run": _run, "report": _report, "compare": _compare, "query": _query}[args.command](args)
+        verbs = {"run": _run, "report": _report, "compare": _compare, "runs": _runs, "query": _query}
+        return verbs[args.command](args)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(user_message(e), file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception:  # noqa: BLE001  (the boundary: anything else is ours to fix, and says so)
+        traceback.print_exc()
+        print(
+            "error: this is a bug in fleet-eval (not in your input): please report it with the traceback above",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def user_message(error: Exception) -> str:
+    """`error: ...` in at most MAX_LINES lines of at most MAX_LINE characters."""
+    from fleet.contracts.inputs import cut
+
+    lines = [cut(line, MAX_LINE) for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    if len(lines) > MAX_LINES:
+        lines = [*lines[: MAX_LINES - 1], f"(and {len(lines) - MAX_LINES + 1} more lines)"]
+    return "\n".join([f"error: {lines[0]}", *lines[1:]])
 
 
 def _run(args: argparse.Namespace) -> int:
     from fleet.contracts.errors import UserError
+    from fleet.results.catalog import record_verdict
     from fleet.run import driver
 
     common = {"ray_address": args.ray_address, "progress": not args.no_progress, "verbose": args.verbose}
@@ -93,36 +143,97 @@ def _run(args: argparse.Namespace) -> int:
     if args.resume is not None and args.overrides:
         msg = "fleet run --resume takes no --set: a run finishes with the manifest it started with"
         raise UserError(msg)
+    if args.check:
+        return _check(args)
     if args.resume is not None:
         run_dir, _ = driver.resume(args.resume, **common)
     else:
         run_dir, _ = driver.run(
             args.manifest, results_dir=args.results, run_id=args.run_id, overrides=args.overrides, **common
         )
-    _, code = _summarize(run_dir)
+    report, code = _summarize(run_dir)
+    record_verdict(run_dir, {None: "none", True: "PASS", False: "FAIL"}[report.gates_passed])
     print(f"\nresults: {run_dir}")
     return code
+
+
+def _check(args: argparse.Namespace) -> int:
+    """`fleet run --check`: what run or resume would do before Ray starts, and what it found."""
+    from fleet.run import driver
+
+    if args.resume is not None:
+        _, _, manifest, todo, perf_todo, probes_todo = driver.check_resume(args.resume)
+        print(f"ok: {args.resume}: {len(todo)} shards, {len(perf_todo) + len(probes_todo)} perf/probe runs to do")
+        return EXIT_OK
+    manifest, run_dir, _, unresolved = driver.check(
+        args.manifest, results_dir=args.results, run_id=args.run_id, overrides=args.overrides
+    )
+    print(f"ok: {len(manifest.models)} models x {len(manifest.targets)} targets would run into {run_dir}")
+    return EXIT_PARTIAL if unresolved else EXIT_OK
 
 
 def _report(args: argparse.Namespace) -> int:
     from fleet.analysis import gates
     from fleet.report import html, markdown
 
+    outputs = [
+        (out, render) for out, render in ((args.html, html.render_html), (args.markdown, markdown.render_markdown))
+    ]
+    for out, _ in outputs:
+        if out is not None:
+            _check_output(out)
     chosen = gates.load(args.gates) if args.gates else None
-    report, code = _summarize(args.run_dir, chosen)
-    for out, render in ((args.html, html.render_html), (args.markdown, markdown.render_markdown)):
+    report, code = _summarize(_run_dir(args.run_dir, args.results), chosen, top=args.top)
+    for out, render in outputs:
         if out is not None:
             out.write_text(render(report), encoding="utf-8")
             print(f"wrote {out}")
     return code
 
 
-def _summarize(run_dir: str | Path, chosen: list[Gate] | None = None) -> tuple[RunReport, int]:
+def _check_output(out: Path) -> None:
+    """An output file the user named must be writable before any work (or printing) starts."""
+    from fleet.contracts.errors import UserError
+    from fleet.contracts.inputs import check_path_text, cut
+
+    try:
+        check_path_text(str(out))
+        ok = out.parent.is_dir() and not out.is_dir()
+    except (ValueError, OSError):
+        ok = False
+    if not ok:
+        msg = f"{cut(str(out), 200)}: cannot write there (its folder must exist, and it must not be a folder)"
+        raise UserError(msg)
+
+
+def _run_dir(run: str, results: str) -> str:
+    """A run directory as given, else the run of that id under the results root."""
+    from fleet.contracts.errors import UserError
+    from fleet.contracts.inputs import check_path_text, cut
+    from fleet.results.catalog import is_run
+    from fleet.results.store import join
+
+    try:
+        check_path_text(run)
+        check_path_text(results)
+    except ValueError as e:
+        msg = f"{cut(run, 200)}: {e}"
+        raise UserError(msg) from None
+    if is_run(run):
+        return run
+    if "://" not in run and "/" not in run and is_run(candidate := str(join(results, run))):
+        return candidate
+    msg = f"{cut(run, 200)}: not a run directory, nor a run id under {cut(results, 200)}"
+    msg += f" (fleet runs {cut(results, 200)} lists them)"
+    raise UserError(msg)
+
+
+def _summarize(run_dir: str | Path, chosen: list[Gate] | None = None, *, top: int = 20) -> tuple[RunReport, int]:
     """Print the run's summary; the report (computed once, for every format) and the exit code."""
     from fleet.report import text
     from fleet.report.model import RunReport
 
-    report = RunReport.build(run_dir, gates=chosen)
+    report = RunReport.build(run_dir, gates=chosen, top=top)
     print(text.render(report))
     if not report.complete:
         return report, EXIT_PARTIAL
@@ -136,6 +247,13 @@ def _compare(args: argparse.Namespace) -> int:
     chosen = gates.load(args.gates) if args.gates else None
     a, b = compare.report(args.run_a), compare.report(args.run_b)
     print(compare.render(compare.compare(a, b, gates=chosen), run_a=a, run_b=b))
+    return EXIT_OK
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from fleet.results import catalog
+
+    print(catalog.render_runs(catalog.runs(args.results_root)))
     return EXIT_OK
 
 

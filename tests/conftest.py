@@ -14,6 +14,8 @@ import pytest
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+# The harness's own tests may name the test-double kind (fleet/contracts/targets.py).
+os.environ["FLEET_ALLOW_TEST_DOUBLE"] = "1"
 
 # 8 prompts x 32 tokens, as in docs/platform.md's parity table.
 PROMPTS = [
@@ -80,6 +82,39 @@ def engine_run(local_ray: object, tmp_path_factory: pytest.TempPathFactory) -> P
     run_dir, outcome = driver.run(manifest, results_dir=base / "results", run_id="engine", progress=False)
     assert not outcome.failures, outcome.failures
     return run_dir
+
+
+DOUBLE_MANIFEST = textwrap.dedent(
+    """
+    models:
+      - name: m
+        source: {kind: synthetic, seed: 3}
+    prompts:
+      p: [{id: a, prompt: "one"}, {id: b, prompt: "two"}, {id: c, prompt: "three", expected: {contains: x}}]
+    targets:
+      - {name: ref, kind: test-double, num_cpus: 0.5}
+      - {name: cand, kind: test-double, num_cpus: 0.5, logprob_shift: 0.01}
+    reference: ref
+    sampling: {max_tokens: 4, logprobs: 2}
+    run: {shard_size: 2}
+    gates:
+      - {metric: pearson_r, op: ">=", threshold: 0.5}
+    """
+)
+
+
+@pytest.fixture(scope="session")
+def double_run(local_ray: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One small real run directory made by the labelled test double (seconds, no model): every
+    table and run.json as the driver writes them, for tests that damage or misuse run directories."""
+    from fleet.run import driver
+
+    base = tmp_path_factory.mktemp("double-run")
+    manifest = base / "double.yaml"
+    manifest.write_text(DOUBLE_MANIFEST)
+    run_dir, outcome = driver.run(manifest, results_dir=base / "results", run_id="double", progress=False)
+    assert not outcome.failures, outcome.failures
+    return Path(run_dir)
 
 
 def _orphan_engines() -> set[str]:

@@ -1,8 +1,10 @@
 """Placement on a simulated multi-node cluster: 2 nodes x 8 `NPU` slots (ray.cluster_utils.Cluster,
 the way Ray tests itself), engines on CPU. Run in a subprocess: a process holds one Ray.
 
-Real HF engines (synthetic weights) take the one-card targets; a tensor-parallel target uses the
-labelled test-double backend, since no CPU engine here spans cards.
+Real HF engines (synthetic weights) take the one-card targets; the tensor- and pipeline-parallel
+targets use the labelled test-double backend: they test the reservation and its hand-over to
+vLLM's Ray executor, which vLLM's CPU backend cannot run (no Ray device). Real CPU tensor
+parallelism is tested in tests/test_multicard.py.
 """
 
 from __future__ import annotations
@@ -125,3 +127,126 @@ def test_two_nodes_of_eight_npus(tmp_path: Path) -> None:
     admitted = sorted(t["admitted_at"] for t in times.values())
     first_finish = min(t["finished_at"] for t in times.values())
     assert admitted[1] < first_finish <= admitted[2]
+
+
+# A model on 2 nodes x 8 cards: tensor parallel 8 within each node, 2 pipeline stages across them.
+PP_MANIFEST = textwrap.dedent(
+    """
+    models:
+      - {name: big, source: {kind: synthetic, seed: 3}}
+    prompts:
+      p:
+        - {id: a, prompt: "The capital of France is"}
+    targets:
+      - {name: ref, kind: test-double, num_cpus: 0.5}
+      - {name: tp8pp2, kind: test-double, device: npu, tensor_parallel_size: 8, pipeline_parallel_size: 2,
+         num_cpus: 0.5}
+    reference: ref
+    sampling: {max_tokens: 2, logprobs: 2}
+    """
+)
+
+# The hand-over: fleet reserves the group exactly as for a run (fleet.run.slots.reserve) and an
+# actor placed as the engine's would be runs vLLM's own Ray-executor set-up on it
+# (initialize_ray_cluster, then the rank -> bundle order its workers take). vLLM's CPU platform
+# has no Ray device (empty ray_device_key), so the probe gives it vllm-ascend's, "NPU"; every
+# check after that is vLLM's code as on an Atlas node.
+PP_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from ray.cluster_utils import Cluster
+    import ray
+    from fleet.run import driver
+    from fleet.run.manifest import load
+    from fleet.run.slots import reserve
+
+    cluster = Cluster()
+    for _ in range(2):
+        cluster.add_node(num_cpus=2, resources={"NPU": 8})
+    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    manifest = Path(sys.argv[1])
+    run_dir, outcome = driver.run(manifest, results_dir=Path(sys.argv[2]), run_id="pp", progress=False)
+
+    @ray.remote
+    class VllmDriverProbe:
+        def hand_over(self):
+            from vllm.config import ParallelConfig
+            from vllm.platforms import current_platform
+            from vllm.v1.executor import ray_utils
+
+            current_platform.ray_device_key = "NPU"
+            config = ParallelConfig(
+                tensor_parallel_size=8, pipeline_parallel_size=2, distributed_executor_backend="ray"
+            )
+            ray_utils.initialize_ray_cluster(config)
+            ranks = ray_utils.get_bundles_sorted_by_node(config.placement_group)
+            return {
+                "pg": config.placement_group.id.hex(),
+                "node": ray.get_runtime_context().get_node_id(),
+                "rank_nodes": [node for _, node, _ in ranks],
+                "rank_bundles": [b for b, _, _ in ranks],
+            }
+
+    target = load(manifest).target("tp8pp2")
+    pg, options = reserve(target)
+    options.pop("runtime_env")
+    probe = VllmDriverProbe.options(**options).remote()
+    seen = ray.get(probe.hand_over.remote(), timeout=300)
+    seen["fleet_pg"] = pg.id.hex()
+    print(json.dumps({"nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]], "failures": outcome.failures,
+                      "hand_over": seen}))
+    ray.shutdown()
+    cluster.shutdown()
+    """
+)
+
+
+def test_an_engine_over_two_nodes_gets_one_bundle_per_card_and_vllm_takes_them(tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text(PP_MANIFEST)
+    (tmp_path / "pp.py").write_text(PP_SCRIPT)
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "pp.py"), str(tmp_path / "m.yaml"), str(results)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["failures"] == {}
+    nodes = set(summary["nodes"])
+    assert len(nodes) == 2
+    # The reservation fleet made for the run: 16 one-card bundles, 8 on each node, the actor's
+    # CPUs in the first, and the actor itself on that bundle's node holding no card of its own.
+    p = json.loads((results / "pp" / "run.json").read_text())["provenance"]["big/tp8pp2"]
+    pg = json.loads(p["placement_group"])
+    assert pg["strategy"] == "PACK"
+    assert [b.get("NPU") for b in pg["bundles"]] == [1.0] * 16
+    assert pg["bundles"][0]["CPU"] == 0.5 and all("CPU" not in b for b in pg["bundles"][1:])
+    assert {n: pg["bundle_nodes"].count(n) for n in nodes} == dict.fromkeys(nodes, 8)
+    assert p["node_id"] == pg["bundle_nodes"][0]
+    assert json.loads(p["accelerator_ids"]).get("NPU", []) == []
+    # The hand-over: vLLM's Ray executor takes fleet's group (not one of its own) from inside the
+    # actor, and orders its 16 ranks stage by stage: ranks 0-7 (stage 0's tensor-parallel group) on
+    # the actor's node, ranks 8-15 on the other.
+    seen = summary["hand_over"]
+    assert seen["pg"] == seen["fleet_pg"]
+    assert seen["rank_nodes"][:8] == [seen["node"]] * 8
+    other = (nodes - {seen["node"]}).pop()
+    assert seen["rank_nodes"][8:] == [other] * 8
+    assert sorted(seen["rank_bundles"]) == list(range(16))
+
+
+def test_multi_node_admission() -> None:
+    """A 2-stage x 8-card target fits two 8-card nodes, not 16 cards in stages split over 3 nodes."""
+    from fleet.contracts.targets import TestDoubleArgs
+    from fleet.run.placement import need, places
+
+    t = TestDoubleArgs(name="t", device="npu", tensor_parallel_size=8, pipeline_parallel_size=2, num_cpus=1)
+    assert need(t) == {"CPU": 1.0, "NPU": 16.0}
+    assert places(t, [{"CPU": 4.0, "NPU": 8.0}, {"CPU": 4.0, "NPU": 8.0}])
+    assert not places(t, [{"CPU": 4.0, "NPU": 6.0}, {"CPU": 4.0, "NPU": 5.0}, {"CPU": 4.0, "NPU": 5.0}])
+    assert not places(t, [{"CPU": 0.0, "NPU": 8.0}, {"CPU": 0.0, "NPU": 8.0}])  # nowhere for the actor
+    assert places(t, [{"CPU": 0.0, "NPU": 8.0}, {"CPU": 0.0, "NPU": 8.0}, {"CPU": 1.0, "NPU": 1.0}]) is False
+    assert places(t, [{"CPU": 1.0, "NPU": 16.0}])  # both stages on one 16-card node

@@ -45,7 +45,7 @@ def write(
 
 def test_good_manifest_loads_and_plans(tmp_path: Path) -> None:
     m = load(write(tmp_path, GOOD))
-    assert [p.id for p in m.prompts["from-file"]] == ["x", "y"]
+    assert [p.id for p in m.prompt_list("from-file")] == ["x", "y"]
     assert m.target("cand").kind == "vllm"
     shards = plan(m)
     # 1 model x 2 targets x (inline: 1 shard of 2, from-file: 1 shard of 2), reference first.
@@ -104,7 +104,7 @@ def test_bad_manifest_is_one_clear_error(tmp_path: Path, case: str) -> None:
 
 def test_bad_jsonl_line_is_named(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD, jsonl='{"id": "x", "prompt": "hi"}\n{"id": "y"}\n')
-    with pytest.raises(ManifestError, match=r"prompts\.jsonl:2: expected an object with 'id' and 'prompt'"):
+    with pytest.raises(ManifestError, match=r"prompts\.jsonl: row 2: expected a 'prompt' or 'messages' column"):
         load(path)
 
 

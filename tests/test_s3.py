@@ -99,13 +99,13 @@ def test_store_on_s3(s3: str) -> None:
     run = RunStore.create(f"{s3}/unit", {"run_id": "unit"})
     row = {"model": ["m"], "model_weights": ["w"], "target": ["t"], "prompt_set": ["s"], "shard_id": ["m/t/s/00000"]}
     path = run.write("shards", "m/t/s/00000", pa.table(row))
-    assert path == f"{s3}/unit/shards/m/w/t/s-00000.parquet"
+    assert path == f"{s3}/unit/shards/model=m/model_weights=w/target=t/s-00000.parquet"
     assert run.completed_shards() == {"m/t/s/00000"}
     run.update_info(status="complete")
     assert run.info()["status"] == "complete" and run.info()["run_id"] == "unit"
     assert sorted(objects(f"{s3}/unit")) == [
         "bucket/prefix/unit/run.json",
-        "bucket/prefix/unit/shards/m/w/t/s-00000.parquet",
+        "bucket/prefix/unit/shards/model=m/model_weights=w/target=t/s-00000.parquet",
     ]
     with pytest.raises(FileExistsError):
         RunStore.create(f"{s3}/unit", {})
@@ -152,7 +152,7 @@ def test_run_report_and_resume_from_s3(
     # Lose one shard's objects: resume redoes that shard and leaves every other object as it was.
     before = objects(uri)
     fs, _ = store.locate(uri)
-    lost = [p for p in before if p.endswith("/cand/p-00001.parquet")]
+    lost = [p for p in before if p.endswith("/target=cand/p-00001.parquet")]
     assert len(lost) == 3  # its requests, tokens and shards files
     for path in lost:
         fs.delete_file(path)

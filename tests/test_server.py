@@ -69,7 +69,9 @@ def processes_with(marker: str, group: int | None = None) -> list[int]:
 
 @pytest.fixture(scope="module")
 def server(local_ray: Any) -> Iterator[tuple[Any, dict[str, str]]]:
-    actor = start(local_ray, server_args(api_key_env="FLEET_TEST_ENDPOINT_KEY"))
+    # num_cpus 2: the server must run with 2 threads, not the 1 Ray gives the actor (no slot is
+    # held here, see start(): the threads follow the target's num_cpus, not what Ray granted).
+    actor = start(local_ray, server_args(api_key_env="FLEET_TEST_ENDPOINT_KEY", num_cpus=2))
     info = local_ray.get(actor.describe.remote(), timeout=600)
     yield actor, info
     local_ray.kill(actor)
@@ -84,6 +86,17 @@ def test_smoke_checks_pass_on_every_route(server: tuple[Any, dict[str, str]], lo
     ]
     assert '"data"' in rows[0]["response"]
     assert all('"choices"' in r["response"] for r in rows[1:]) and all(r["error"] is None for r in rows)
+
+
+def test_the_server_processes_run_with_the_actors_threads(server: tuple[Any, dict[str, str]]) -> None:
+    import json
+
+    info = server[1]
+    assert json.loads(info["threads"])["OMP_NUM_THREADS"] == "2"
+    started_with = json.loads(info["server_threads"])  # each server process's own /proc environ
+    assert started_with, info
+    for env in started_with.values():
+        assert env == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 def test_generate_and_score_through_the_server(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:

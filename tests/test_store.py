@@ -30,7 +30,8 @@ def _requests(n: int) -> pa.Table:
 def test_write_conforms_to_declared_schema(tmp_path: Path) -> None:
     run = RunStore.create(tmp_path / "run", {"run_id": "run"})
     path = run.write("requests", "m/t/s/00000", _requests(3))
-    assert path == tmp_path / "run" / "requests" / "m" / "w" / "t" / "s-00000.parquet"
+    assert path == tmp_path / "run" / "requests" / "model=m" / "model_weights=w" / "target=t" / "s-00000.parquet"
+    assert pq.read_table(path).column("run_id").to_pylist() == ["run"] * 3
     table = pq.read_table(path)
     assert table.schema.remove_metadata().equals(schema.REQUESTS.remove_metadata())
     assert table.column("n_output_tokens").type == pa.int32()

@@ -102,11 +102,16 @@ def summary(requests: Frame, tokens: Frame, reference: str, *, near_tie_nats: fl
     """Per (model, candidate): near_ties, real_divergences, first_top1_agreement_excl_ties (a
     first-token flip that is a near tie counts as agreement), seq_match_rate_excl_ties, and the
     noise used (tf_p99_abs_logprob_diff)."""
-    per_prompt = divergences(requests, tokens, reference, near_tie_nats=near_tie_nats).lazy()
+    return summary_of(divergences(requests, tokens, reference, near_tie_nats=near_tie_nats), tokens, reference)
+
+
+def summary_of(per_prompt: Frame, tokens: Frame, reference: str) -> pl.DataFrame:
+    """`summary` from divergences already computed (a report needs both; each costs a pass)."""
     tie = pl.col("kind") == "near tie"
     first_ok = pl.col("first_divergence").is_null() | (pl.col("first_divergence") > 0) | tie
     return (
-        per_prompt.group_by(RUN)
+        per_prompt.lazy()
+        .group_by(RUN)
         .agg(
             near_ties=tie.sum().cast(pl.Int64),
             real_divergences=(pl.col("kind") == "divergence").sum().cast(pl.Int64),
@@ -117,3 +122,14 @@ def summary(requests: Frame, tokens: Frame, reference: str, *, near_tie_nats: fl
         .sort(RUN)
         .collect()
     )
+
+
+def worst(seqs: pl.DataFrame, per_prompt: pl.DataFrame, top: int) -> pl.DataFrame:
+    """Of `seqs` (one row per candidate prompt), the `top` worst per candidate: real divergences,
+    then near ties, earliest first, then the fewest matched tokens; with their kind and margin."""
+    kinds = pl.col("kind").replace_strict({"divergence": 0, "near tie": 1}, default=2, return_dtype=pl.Int8)
+    joined = seqs.join(per_prompt.select(*CAND, "kind", "ref_margin", "noise"), on=CAND, how="left")
+    ranked = joined.sort(
+        kinds, pl.col("first_divergence"), pl.col("tokens_matched"), *CAND, nulls_last=True, maintain_order=True
+    )
+    return ranked.group_by("model", "target", maintain_order=True).head(top).sort(CAND)

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import yaml
 from pydantic import ValidationError
 
 from fleet.contracts.errors import UserError
 from fleet.contracts.gates import METRICS, Gate
+from fleet.contracts.inputs import load_yaml, read_text
 from fleet.results import store
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
@@ -56,11 +56,7 @@ def parse(raw: Any, *, source: str = "gates") -> list[Gate]:
 def load(path: str | Path) -> list[Gate]:
     """Gates from a YAML file: a list, or a mapping with one key `gates`."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        msg = f"{path}: cannot read gates: {e}"
-        raise UserError(msg) from None
+    raw = load_yaml(read_text(path, what="gates file"), source=str(path))
     return parse(raw, source=str(path))
 
 
@@ -68,7 +64,7 @@ def evidence(run_dir: str | Path, metric: str, model: str, target: str, *, refer
     """A Polars expression that scans exactly the rows `metric` was computed from for model/target."""
     table, with_reference, extra = METRICS[metric]
     targets = [target, reference] if with_reference and target != reference else [target]
-    glob = str(store.join(run_dir, table, model, "**", "*.parquet"))
+    glob = str(store.join(run_dir, table, f"model={model}", "**", "*.parquet"))
     conditions = [f'(pl.col("model") == {json.dumps(model)})', f'pl.col("target").is_in({json.dumps(targets)})']
     conditions += [f"({extra})"] if extra else []
     return f"pl.scan_parquet({json.dumps(glob)}, hive_partitioning=False).filter({' & '.join(conditions)})"
@@ -83,13 +79,17 @@ def evaluate(
     reference: str,
     expected: Iterable[tuple[str, str]] = (),
     extra: Sequence[pl.DataFrame] = (),
+    doubles: Iterable[str] = (),
 ) -> pl.DataFrame:
     """One verdict row per gate x selected (model, target), columns VERDICT_COLUMNS + evidence.
 
     Selected pairs are those with any result (or listed in `expected`, e.g. the manifest's models x
     targets, so a target that failed outright is a FAIL rather than absent), minus the reference
     unless a gate names it. `extra` holds probe frames keyed by model/target with metric columns.
+    `doubles` are targets that ran the test double (no model): no gate passes on one of them, or
+    on anything compared with a test-double reference.
     """
+    doubles = set(doubles)
     measured: dict[tuple[str, str, str], Any] = {}
     for frame in (parity_df, throughput_df, *extra):
         for row in frame.iter_rows(named=True):
@@ -102,6 +102,9 @@ def evaluate(
         for model, target in _selected(gate, pairs, reference):
             value = measured.get((model, target, gate.key))
             rows.append(_verdict(gate, model, target, value, (model, target) in with_results))
+            double = next((t for t in (target, reference) if t in doubles), None)
+            if double is not None and rows[-1]["verdict"] == "PASS":
+                rows[-1] |= {"verdict": "FAIL", "reason": f"{double} is a test double (no model ran): never a PASS"}
             rows[-1]["evidence"] = evidence(run_dir, gate.metric, model, target, reference=reference)
     schema = {c: pl.Float64 if c in ("value", "threshold", "baseline") else pl.String for c in VERDICT_COLUMNS}
     return pl.DataFrame(rows, schema={**schema, "evidence": pl.String})
@@ -145,6 +148,13 @@ def passed(verdicts: pl.DataFrame) -> bool:
 def from_info(info: Mapping[str, Any]) -> list[Gate]:
     """The gates recorded in run.json (the validated manifest's `gates:` section), if any."""
     return parse((info.get("manifest_resolved") or {}).get("gates") or [], source="run.json gates")
+
+
+def test_doubles(info: Mapping[str, Any]) -> list[str]:
+    """Targets whose recorded provenance says the test double ran them (actors/test_double.py)."""
+    provenance = info.get("provenance") or {}
+    found = [key for key, p in provenance.items() if isinstance(p, dict) and p.get("device") == "test-double"]
+    return sorted({key.split("/", 1)[-1] for key in found})
 
 
 def expected_pairs(info: Mapping[str, Any]) -> list[tuple[str, str]]:

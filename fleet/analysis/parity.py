@@ -139,27 +139,30 @@ def kl_topk(tokens: Frame, reference: str) -> pl.DataFrame:
     keys = [*CAND, "position"]
     # Unscored (null ref_topk) and empty-top-k rows have no distribution to compare: null > 0 drops them.
     both_topk = (pl.col("ref_topk_ids").list.len() > 0) & (pl.col("topk_ids").list.len() > 0)
-    scored = (
-        cand.filter(both_topk)
-        .select(*keys, "topk_ids", "topk_logprobs", "ref_topk_ids", "ref_topk_logprobs")
-        .with_row_index("_row")
-    )
-    ref_long = scored.select("_row", id="ref_topk_ids", lr="ref_topk_logprobs").explode(["id", "lr"])
-    cand_long = scored.select("_row", id="topk_ids", lc="topk_logprobs").explode(["id", "lc"])
-    floor = scored.select("_row", _lc_min=pl.col("topk_logprobs").list.min())
-    lr, lc = pl.col("lr").cast(_F64), pl.coalesce("lc", "_lc_min").cast(_F64)
-    per_row = (
-        ref_long.join(cand_long, on=["_row", "id"], how="left")
-        .join(floor, on="_row")
-        .group_by("_row")
-        .agg(
-            head=(lr.exp() * (lr - lc)).sum(),
-            tail_r=(1 - lr.exp().sum()).clip(lower_bound=_TAIL_FLOOR),
-            tail_c=(1 - lc.exp().sum()).clip(lower_bound=_TAIL_FLOOR),
-        )
-        .with_columns(kl=pl.col("head") + pl.col("tail_r") * (pl.col("tail_r") / pl.col("tail_c")).log())
-    )
-    return scored.join(per_row, on="_row").select(*keys, "kl").sort(keys).collect()
+    scored = cand.filter(both_topk).select(*keys, "topk_ids", "topk_logprobs", "ref_topk_ids", "ref_topk_logprobs")
+    k = scored.select(pl.max_horizontal(pl.col("ref_topk_ids", "topk_ids").list.len().max())).collect().item() or 0
+    # Column-wise over list slots (k x k comparisons, k <= 20), not exploded rows and a join: the
+    # tokens table of a big run has tens of millions of rows.
+    lc_min = pl.col("topk_logprobs").list.min().cast(_F64)
+    head, sum_pr, sum_pc = pl.lit(0.0), pl.lit(0.0), pl.lit(0.0)
+    for j in range(k):
+        rid = pl.col("ref_topk_ids").list.get(j, null_on_oob=True)
+        lr = pl.col("ref_topk_logprobs").list.get(j, null_on_oob=True).cast(_F64)
+        found = [
+            pl.when(pl.col("topk_ids").list.get(m, null_on_oob=True) == rid).then(
+                pl.col("topk_logprobs").list.get(m, null_on_oob=True)
+            )
+            for m in range(k)
+        ]
+        lc = pl.coalesce(*found, lc_min).cast(_F64)
+        present = rid.is_not_null()
+        head = head + pl.when(present).then(lr.exp() * (lr - lc)).otherwise(0.0)
+        sum_pr = sum_pr + pl.when(present).then(lr.exp()).otherwise(0.0)
+        sum_pc = sum_pc + pl.when(present).then(lc.exp()).otherwise(0.0)
+    tail_r = (1 - sum_pr).clip(lower_bound=_TAIL_FLOOR)
+    tail_c = (1 - sum_pc).clip(lower_bound=_TAIL_FLOOR)
+    kl = head + tail_r * (tail_r / tail_c).log()
+    return scored.select(*keys, kl=kl).sort(keys).collect()
 
 
 def parity(requests: Frame, tokens: Frame, reference: str) -> pl.DataFrame:

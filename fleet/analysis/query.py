@@ -1,4 +1,6 @@
-"""SQL over one run directory, for analysts: `fleet query RUN_DIR "SELECT ..."`.
+"""SQL for analysts over one run directory, or over every run of a results root at once:
+`fleet query RUN_DIR|RESULTS_ROOT "SELECT ..."` (a root's tables are stacked on `run_id`, and
+a `runs` table lists the runs: fleet/results/catalog.py).
 
 Every table directory of the run is registered under its name: requests, tokens and shards (typed
 and empty when absent, so a query never fails just because a run produced no rows), plus any other
@@ -21,7 +23,8 @@ import pyarrow.fs as pafs
 from fleet.analysis import divergence, perf
 from fleet.analysis import parity as analysis
 from fleet.contracts.errors import UserError
-from fleet.results import reader, store
+from fleet.contracts.inputs import cut
+from fleet.results import catalog, reader, store
 from fleet.results.store import RUN_JSON
 
 Tables = dict[str, pl.LazyFrame]
@@ -64,10 +67,17 @@ EXAMPLES = {
 
 def tables(run_dir: str | Path) -> Tables:
     """The stored tables of run_dir (a local directory or a URI) by name: the three of fleet.schema
-    plus any other Parquet directory."""
+    plus any other Parquet directory; of a results root, every run's, stacked."""
+    if not catalog.is_run(run_dir) and _is_root(run_dir):
+        return catalog.stacked(run_dir)
     fs, root = store.locate(run_dir)
-    if fs.get_file_info(root).type != pafs.FileType.Directory:
-        msg = f"{run_dir}: no such run directory"
+    try:
+        kind = fs.get_file_info(root).type
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        msg = f"{cut(str(run_dir), 200)}: cannot read it: {cut(str(e), 120)}"
+        raise UserError(msg) from None
+    if kind != pafs.FileType.Directory:
+        msg = f"{cut(str(run_dir), 200)}: no such run directory"
         raise UserError(msg)
     found = reader.load(run_dir)
     subdirs = fs.get_file_info(pafs.FileSelector(root))
@@ -78,35 +88,58 @@ def tables(run_dir: str | Path) -> Tables:
     return found
 
 
-def _reference(run_dir: str | Path) -> str | None:
+def _is_root(where: str | Path) -> bool:
     try:
-        return store.RunStore(run_dir).info().get("reference")
-    except FileNotFoundError:
+        return bool(catalog.run_dirs(where))
+    except UserError:
+        return False
+
+
+def _reference(run_dir: str | Path) -> str | None:
+    """The run's reference target; None when there is no run.json (a copied table directory)."""
+    fs, root = store.locate(run_dir)
+    if fs.get_file_info(f"{root}/{RUN_JSON}").type == pafs.FileType.NotFound:
         return None
+    return str(reader.read_info(run_dir)["reference"])
 
 
 def context(run_dir: str | Path, *, sql: str = "") -> pl.SQLContext[pl.LazyFrame]:
     """A SQLContext with the run's tables, and those DERIVED tables that `sql` mentions."""
     stored = tables(run_dir)
     ctx: pl.SQLContext[pl.LazyFrame] = pl.SQLContext(stored)
-    reference = _reference(run_dir)
-    for name, compute in DERIVED.items():
-        if name not in stored and re.search(rf"\b{name}\b", sql, flags=re.IGNORECASE):
-            if reference is None and name not in ("throughput", "perf"):
-                msg = f"{run_dir}: table {name!r} needs the reference target, and there is no {RUN_JSON}"
-                raise UserError(msg)
-            ctx.register(name, compute(stored, reference or "").lazy())
+    wanted = [n for n in DERIVED if n not in stored and re.search(rf"\b{n}\b", sql, flags=re.IGNORECASE)]
+    if "runs" in stored:  # a results root: each run's metrics, computed per run and stacked
+        per_run = [(d, tables(d), _reference(d)) for d in catalog.run_dirs(run_dir)] if wanted else []
+        for name in wanted:
+            parts = [_derived(name, t, ref, d).with_columns(run_id=pl.lit(_run_id(d))) for d, t, ref in per_run]
+            ctx.register(name, pl.concat(parts, how="diagonal_relaxed").lazy())
+        return ctx
+    for name in wanted:
+        ctx.register(name, _derived(name, stored, _reference(run_dir), run_dir).lazy())
     return ctx
+
+
+def _derived(name: str, stored: Tables, reference: str | None, run_dir: str | Path) -> pl.DataFrame:
+    if reference is None and name not in ("throughput", "perf"):
+        msg = f"{run_dir}: table {name!r} needs the reference target, and there is no {RUN_JSON}"
+        raise UserError(msg)
+    return DERIVED[name](stored, reference or "")
+
+
+def _run_id(run_dir: str | Path) -> str:
+    return str(reader.read_info(run_dir).get("run_id") or Path(str(run_dir)).name)
 
 
 def query(run_dir: str | Path, sql: str) -> pl.DataFrame:
     """Run one SQL statement over the run's tables; errors name the tables and columns there are."""
-    ctx = context(run_dir, sql=sql)
+    with reader.decoding(run_dir):  # derived tables read stored rows as they are registered
+        ctx = context(run_dir, sql=sql)
     try:
         return ctx.execute(sql).collect()
     except pl.exceptions.PolarsError as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        msg = f"query failed: {first_line}\n{describe(run_dir)}"
+        msg = f"query failed: {cut(first_line, 200)}\n"
+        msg += f"tables: {', '.join([*ctx.tables()])} (their columns: fleet query RUN_DIR --tables)"
         raise UserError(msg) from None
 
 

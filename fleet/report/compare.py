@@ -16,6 +16,7 @@ from typing import Any
 
 import polars as pl
 
+from fleet.analysis import gates as gate_mod
 from fleet.contracts.gates import METRICS, Gate
 from fleet.report import columns
 from fleet.report.model import RunReport
@@ -128,6 +129,9 @@ def compare(run_a: Run, run_b: Run, *, gates: Sequence[Gate] | None = None) -> p
             change=pl.when(~va_.eq_missing(vb_)).then(change)
         )
         out = out.join(changes, on=_KEYS, how="full", coalesce=True)
+    # A test double's figures are meaningless: its rows say so, in the frame and in the render.
+    doubles = sorted(set(gate_mod.test_doubles(a.info)) | set(gate_mod.test_doubles(b.info)))
+    out = out.with_columns(test_double=pl.col("target").is_in(doubles))
     return out.sort("model", "target", "_order", "metric", nulls_last=True).drop("_order")
 
 
@@ -175,5 +179,6 @@ def render(frame: pl.DataFrame, *, run_a: Run, run_b: Run) -> str:
         out += [""] if changed.height else []
         out += [f"- {r['model']}/{r['target']}: {r['gate']}: {r['change']}" for r in changed.iter_rows(named=True)]
     for (model, target), part in frame.group_by("model", "target", maintain_order=True):
-        out += ["", f"## {model} / {target}", "", markdown(part, columns.COMPARE)]
+        flag = " (TEST DOUBLE: no model ran, figures are meaningless)" if part["test_double"].any() else ""
+        out += ["", f"## {model} / {target}{flag}", "", markdown(part, columns.COMPARE)]
     return "\n".join(out)

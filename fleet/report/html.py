@@ -87,7 +87,8 @@ def _plots(report: RunReport, key: str) -> list[str]:
     """The plots of a measured section, coloured per target (RunReport.colors)."""
     t, colors = report.tables, report.colors
     if key == "parity":
-        return [plots.logprob_scatter(t["tokens"], colors), plots.drift_by_position(t["tokens"], colors)]
+        tokens = report.tokens.select("model", "target", "position", "logprob", "ref_logprob")
+        return [plots.logprob_scatter(tokens, colors), plots.drift_by_position(tokens, colors)]
     if key == "sequences":
         return [plots.divergence_histogram(report.sequences, colors)]
     if key == "throughput":

@@ -46,10 +46,12 @@ class RunReport:
 
     run_dir: str | Path
     info: dict[str, Any]  # run.json
-    tables: dict[str, pl.DataFrame]  # the stored tables (the plots read requests and tokens)
+    tables: dict[str, pl.DataFrame]  # the stored tables but tokens (the plots read requests)
+    tokens: pl.LazyFrame  # the tokens table, scanned: the largest by far, never read whole
     parity: pl.DataFrame  # analysis.parity: one row per model x candidate
-    first_step: pl.DataFrame  # analysis.first_step
-    sequences: pl.DataFrame  # analysis.answers + sequences + the prompt text, per candidate prompt
+    first_step: pl.DataFrame  # analysis.first_step: the `top` largest rel_err per candidate
+    sequences: pl.DataFrame  # analysis.answers + sequences + prompt, the `top` worst prompts per candidate
+    shown: pl.DataFrame  # per candidate: prompts, and how many of them the per-prompt tables show
     accuracy: pl.DataFrame | None  # analysis.accuracy; None: no prompt has an expected answer
     throughput: pl.DataFrame  # analysis.throughput (parity runs, engine-side timestamps)
     scenarios: pl.DataFrame | None  # fleet.analysis.perf.summary per level
@@ -66,27 +68,42 @@ class RunReport:
     colors: dict[str, str]  # target -> plot colour, the same in every plot
 
     @classmethod
-    def build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None = None) -> RunReport:
-        """Read and compute. `gates` None means the gates recorded in run.json; [] means no verdicts."""
+    def build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None = None, top: int = 20) -> RunReport:
+        """Read and compute. `gates` None means the gates recorded in run.json; [] means no verdicts.
+        Per-prompt tables keep the `top` worst prompts per candidate (divergences first)."""
+        with reader.decoding(run_dir):  # a damaged stored table is bad input, wherever it is first read
+            return cls._build(run_dir, gates, top)
+
+    @classmethod
+    def _build(cls, run_dir: str | Path, gates: Sequence[Gate] | None, top: int) -> RunReport:
         info = reader.read_info(run_dir)
         ref = info["reference"]
-        t = {name: frame.collect() for name, frame in reader.load(run_dir).items()}
+        scans = reader.load(run_dir)
+        tokens = scans.pop("tokens")
+        # Prompt token ids and chat turns are in no figure; on a big run they are most of the requests' bytes.
+        scans["requests"] = scans["requests"].drop("prompt_token_ids", "messages")
+        t = {name: frame.collect() for name, frame in scans.items()}
         requests = t["requests"]
         accuracy = analysis.accuracy(requests, ref)
         manifest = info.get("manifest_resolved") or {}
         variants, repeats = manifest.get("variants") or {}, manifest.get("repeats") or {}
         near_tie_nats = (manifest.get("parity") or {}).get("near_tie_nats")
-        ties = divergence.summary(requests, t["tokens"], ref, near_tie_nats=near_tie_nats)
-        per_prompt = divergence.divergences(requests, t["tokens"], ref, near_tie_nats=near_tie_nats)
+        per_prompt = divergence.divergences(requests, tokens, ref, near_tie_nats=near_tie_nats)
+        ties = divergence.summary_of(per_prompt, tokens, ref)
+        sequences = divergence.worst(_sequences(requests, ref), per_prompt, top)
+        first = analysis.first_step(tokens, ref)
         report = cls(
             run_dir=run_dir,
             info=info,
             tables=t,
-            parity=analysis.parity(requests, t["tokens"], ref).join(ties, on=["model", "target"], how="left"),
-            first_step=analysis.first_step(t["tokens"], ref),
-            sequences=_sequences(requests, ref).join(
-                per_prompt.select(*_CAND, "kind", "ref_margin", "noise"), on=_CAND, how="left"
-            ),
+            tokens=tokens,
+            parity=analysis.parity(requests, tokens, ref).join(ties, on=["model", "target"], how="left"),
+            first_step=first.sort("rel_err", descending=True, nulls_last=True)
+            .group_by("model", "target")
+            .head(top)
+            .sort(_CAND),
+            sequences=sequences,
+            shown=_shown(first, sequences),
             accuracy=accuracy if accuracy.height else None,
             throughput=analysis.throughput(requests, t["shards"]),
             scenarios=perf_summary(t["perf_requests"], t["perf_levels"]) if t["perf_levels"].height else None,
@@ -95,12 +112,12 @@ class RunReport:
             layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
             matrix=None,
             consistency=_consistency(requests, variants) if variants else None,
-            noise_floor=noise_floor.self_parity(requests, t["tokens"], repeats) if repeats else None,
+            noise_floor=noise_floor.self_parity(requests, tokens, repeats) if repeats else None,
             verdicts=None,
             environment=_environment(info),
             architecture={m: architecture(info, m) for m in _models(info, requests)},
             notices=notices(info, requests),
-            colors=_colors(info, t),
+            colors=_colors(info, t | {"tokens": requests.select("target")}),
         )
         gates = gate_mod.from_info(info) if gates is None else list(gates)
         verdicts = report.evaluate(gates) if gates else None
@@ -163,6 +180,7 @@ class RunReport:
             reference=self.reference,
             expected=gate_mod.expected_pairs(self.info),
             extra=extra,
+            doubles=gate_mod.test_doubles(self.info),
         )
 
 
@@ -181,7 +199,7 @@ def notices(info: dict[str, Any], requests: pl.DataFrame) -> list[str]:
     out += [f"FAILED shard {shard}: {reason}" for shard, reason in (info.get("failed_shards") or {}).items()]
     if info.get("retries"):
         out.append(f"retried calls: {info['retries']} (faults survived; rows are written once per shard)")
-    doubles = [k for k, p in (info.get("provenance") or {}).items() if p.get("device") == "test-double"]
+    doubles = [k for k, p in (info.get("provenance") or {}).items() if (p or {}).get("device") == "test-double"]
     if doubles:
         out.append(f"TEST DOUBLE targets (no model ran; figures are meaningless): {', '.join(doubles)}")
     weights = requests.group_by("model", maintain_order=True).agg(pl.col("model_weights").unique())
@@ -228,6 +246,13 @@ def _colors(info: dict[str, Any], tables: dict[str, pl.DataFrame]) -> dict[str, 
     seen = sorted({t for frame in tables.values() if "target" in frame.columns for t in frame["target"].unique()})
     targets = list(dict.fromkeys([info["reference"], *named, *seen]))
     return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(targets)}
+
+
+def _shown(first: pl.DataFrame, sequences: pl.DataFrame) -> pl.DataFrame:
+    """Per candidate: how many prompts it has and how many rows the per-prompt tables show."""
+    counts = first.group_by("model", "target").agg(n_prompts=pl.len())
+    shown = sequences.group_by("model", "target").agg(n_shown=pl.len())
+    return counts.join(shown, on=["model", "target"], how="left").sort("model", "target")
 
 
 def _sequences(requests: pl.DataFrame, reference: str) -> pl.DataFrame:

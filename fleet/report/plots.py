@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 
 import polars as pl
+import polars.selectors as cs
 
 from fleet.report import svg
 from fleet.report.svg import XY
@@ -32,18 +33,21 @@ def _series(frame: pl.DataFrame, x: str, y: str, colors: Colors) -> tuple[dict[s
     return series, label_colors
 
 
-def logprob_scatter(tokens: pl.DataFrame, colors: Colors) -> str:
+def logprob_scatter(tokens: pl.DataFrame | pl.LazyFrame, colors: Colors) -> str:
     """Teacher-forced: the reference's logprob of each candidate token (x) vs the candidate's own (y)."""
-    tok = tokens.filter(pl.col("ref_logprob").is_not_null())
+    tok = tokens.lazy().filter(pl.col("ref_logprob").is_not_null())
     # The points off the diagonal are the story: keep the largest differences, thin out the rest.
     shown = (
         tok.with_columns(d=(pl.col("logprob") - pl.col("ref_logprob")).abs())
-        .sort("d", descending=True)
-        .group_by("model", "target", maintain_order=True)
-        .head(_SCATTER_CAP)
+        .group_by("model", "target")
+        .agg(pl.all().top_k_by("d", _SCATTER_CAP))
+        .explode(cs.exclude("model", "target"))
+        .sort("model", "target", "d", descending=[False, False, True])
+        .collect()
     )
+    total = tok.select(pl.len()).collect().item()
     series, label_colors = _series(shown, "ref_logprob", "logprob", colors)
-    title = f"Logprob, candidate vs reference (teacher-forced; {shown.height} of {tok.height} positions)"
+    title = f"Logprob, candidate vs reference (teacher-forced; {shown.height} of {total} positions)"
     return svg.scatter(
         series,
         title=title,
@@ -54,14 +58,16 @@ def logprob_scatter(tokens: pl.DataFrame, colors: Colors) -> str:
     )
 
 
-def drift_by_position(tokens: pl.DataFrame, colors: Colors) -> str:
+def drift_by_position(tokens: pl.DataFrame | pl.LazyFrame, colors: Colors) -> str:
     """Mean teacher-forced |logprob - ref_logprob| per output position: does the error grow along the output?"""
     diff = (pl.col("logprob").cast(pl.Float64) - pl.col("ref_logprob")).abs()
     by_pos = (
-        tokens.filter(pl.col("ref_logprob").is_not_null())
+        tokens.lazy()
+        .filter(pl.col("ref_logprob").is_not_null())
         .group_by("model", "target", "position")
         .agg(d=diff.mean())
         .sort("model", "target", "position")
+        .collect()
     )
     series, label_colors = _series(by_pos, "position", "d", colors)
     return svg.lines(

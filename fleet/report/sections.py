@@ -85,8 +85,10 @@ def sections(report: RunReport) -> dict[str, Section]:
     }
     if blocks["first_step"]:
         blocks["first_step"].append(first_step_totals(r.parity))
+        blocks["first_step"] += cut_note(r, "first_step", "ORDER BY rel_err DESC")
     if blocks["sequences"]:
         blocks["sequences"].append(sequence_totals(r.parity))
+        blocks["sequences"] += cut_note(r, "divergences", "ORDER BY kind, first_divergence")
     out = {key: Section(key, TITLES[key], blocks[key]) for key in TITLES}
     if r.verdicts is None:
         out["gates"] = Section("gates", TITLES["gates"], [], absent=r.verdict_line)
@@ -158,6 +160,18 @@ def _g(value: float | None, *, scale: float = 1.0) -> str:
 
 def _pct(rate: float | None) -> str:
     return "n/a" if rate is None else f"{100 * rate:.1f}%"
+
+
+def cut_note(r: RunReport, table: str, order: str) -> list[Block]:
+    """Where a per-prompt table shows only the worst prompts: how many, and the query for the rest."""
+    cut = r.shown.filter(pl.col("n_shown") < pl.col("n_prompts"))
+    if cut.is_empty():
+        return []
+    counts = ", ".join(f"{t}: {s} of {n}" for t, s, n in cut.select("target", "n_shown", "n_prompts").iter_rows())
+    return [
+        f"Showing the worst prompts per target ({counts}; `--top N` shows more). All of them: "
+        f"`fleet query {r.run_dir} \"SELECT * FROM {table} WHERE target = '{cut['target'][0]}' {order}\"`"
+    ]
 
 
 def first_step_totals(parity: pl.DataFrame) -> list[str]:

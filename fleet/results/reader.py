@@ -7,6 +7,9 @@ files of another schema version.
 
 from __future__ import annotations
 
+import contextlib
+import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,16 +22,66 @@ import pyarrow.parquet as pq
 
 from fleet.contracts import schema
 from fleet.contracts.errors import UserError
+from fleet.contracts.inputs import cut
 from fleet.results import store
 from fleet.results.store import RUN_JSON, RunStore
 
 
 def read_info(run_dir: str | Path) -> dict[str, Any]:
-    """run.json of a local run directory or of a URI (s3://bucket/prefix/run_id)."""
+    """run.json of a local run directory or of a URI (s3://bucket/prefix/run_id), checked for what
+    every reader relies on: a JSON object naming its reference, with the manifest it ran."""
+    where = f"{cut(str(run_dir), 200)}/{RUN_JSON}"
     try:
-        return RunStore(run_dir).info()
+        info = RunStore(run_dir).info()
     except FileNotFoundError:
-        msg = f"{run_dir}: not a run directory (no {RUN_JSON})"
+        msg = f"{cut(str(run_dir), 200)}: not a run directory (no {RUN_JSON})"
+        raise UserError(msg) from None
+    except (NotADirectoryError, IsADirectoryError):
+        msg = f"{cut(str(run_dir), 200)}: not a run directory (expected a directory holding {RUN_JSON})"
+        raise UserError(msg) from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        msg = f"{where}: not valid JSON ({cut(str(e), 100)}); the run directory is damaged"
+        raise UserError(msg) from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        msg = f"{where}: cannot read it: {cut(str(e), 120)}"
+        raise UserError(msg) from None
+    if not isinstance(info, dict):
+        msg = f"{where}: expected a JSON object, got {type(info).__name__}"
+        raise UserError(msg)
+    for key, kind in _INFO_FIELDS.items():
+        if key in _INFO_REQUIRED and key not in info:
+            msg = f"{where}: no {key!r}; the run directory is damaged or not fleet-eval's"
+            raise UserError(msg)
+        if key in info and info[key] is not None and not isinstance(info[key], kind):
+            msg = f"{where}: {key} is a {type(info[key]).__name__}, expected a {kind.__name__}"
+            raise UserError(msg)
+    return info
+
+
+# run.json fields the readers use, by type; the reference must be there.
+_INFO_REQUIRED = ("reference",)
+_INFO_FIELDS: dict[str, type] = {
+    "reference": str,
+    "manifest_resolved": dict,
+    "provenance": dict,
+    "failures": dict,
+    "failed_shards": dict,
+    "models": dict,
+    "driver": dict,
+    "status": str,
+    "resumed_at": list,
+}
+
+
+@contextlib.contextmanager
+def decoding(run_dir: str | Path) -> Iterator[None]:
+    """Parquet files of `run_dir` that cannot be decoded (truncated, garbled) are bad input, named
+    as such: a damaged run directory, not a crash. Wrap reads of stored tables only."""
+    try:
+        yield
+    except (pa.ArrowException, pl.exceptions.ComputeError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = f"{cut(str(run_dir), 200)}: a stored table cannot be read (damaged run directory?): {cut(first, 160)}"
         raise UserError(msg) from None
 
 
@@ -42,15 +95,41 @@ def load(run_dir: str | Path) -> dict[str, pl.LazyFrame]:
         files = store.parquet_files(fs, f"{root}/{name}")
         # Refuse files written under another schema version rather than misread a column.
         with ThreadPoolExecutor(8) as pool:  # one footer each: a round trip per file on S3
-            footers = pool.map(lambda f: pq.read_metadata(f, filesystem=fs).metadata or {}, files)
+            footers = pool.map(lambda f: _footer(fs, f, arrow_schema), files)
             for file, footer in zip(files, footers, strict=True):
-                version = footer.get(b"fleet.schema_version", b"").decode() or None
-                if version is not None and version != str(schema.SCHEMA_VERSION):
+                version = footer.get(b"fleet.schema_version", b"").decode(errors="replace") or None
+                if version is not None and version not in schema.READABLE_VERSIONS:
                     where = file if isinstance(fs, pafs.LocalFileSystem) else f"{fs.type_name}://{file}"
-                    msg = f"{where}: schema version {version}, this reader understands {schema.SCHEMA_VERSION}"
+                    msg = f"{where}: schema version {version}, this reader understands "
+                    msg += ", ".join(schema.READABLE_VERSIONS)
                     raise UserError(msg)
-        frames[name] = scan(fs, files) if files else _empty(arrow_schema)
+        frame = scan(fs, files) if files else _empty(arrow_schema)
+        if "run_id" not in frame.collect_schema().names():  # schema 2: one run per directory, named in run.json
+            frame = frame.with_columns(run_id=pl.lit(_run_id(run_dir), pl.String)).select(arrow_schema.names)
+        frames[name] = frame
     return frames
+
+
+def _footer(fs: pafs.FileSystem, file: str, declared: pa.Schema) -> dict[bytes, bytes]:
+    """A file's key-value metadata, once its footer parses and its columns are the declared ones."""
+    where = file if isinstance(fs, pafs.LocalFileSystem) else f"{fs.type_name}://{file}"
+    try:
+        meta = pq.read_metadata(file, filesystem=fs)
+        found = meta.schema.to_arrow_schema()
+    except (pa.ArrowException, OSError) as e:
+        msg = f"{cut(where, 200)}: not a readable Parquet file (truncated or damaged?): {cut(str(e), 120)}"
+        raise UserError(msg) from None
+    footer = meta.metadata or {}
+    same_version = footer.get(b"fleet.schema_version", b"") == str(schema.SCHEMA_VERSION).encode()
+    if same_version and [(f.name, f.type) for f in found] != [(f.name, f.type) for f in declared]:
+        msg = f"{cut(where, 200)}: its columns are not the {declared.metadata[b'fleet.table'].decode()} table's"
+        raise UserError(msg)
+    return footer
+def _run_id(run_dir: str | Path) -> str:
+    try:
+        return str(RunStore(run_dir).info().get("run_id") or run_dir)
+    except FileNotFoundError:
+        return str(run_dir)
 
 
 def scan(fs: pafs.FileSystem, files: list[str]) -> pl.LazyFrame:

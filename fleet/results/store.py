@@ -1,6 +1,8 @@
 """A run directory: Parquet tables partitioned by model and target, plus run.json; local or remote.
 
-Layout (results/README.md):  <run_dir>/<table>/<model>/<weights>/<target>/<prompt_set>-<chunk>.parquet
+Layout (results/README.md), Hive-style so that Polars, DuckDB, Spark and Trino read it as is:
+    <run_dir>/<table>/model=<model>/model_weights=<weights>/target=<target>/<prompt_set>-<chunk>.parquet
+Every file also carries those key columns and `run_id`, so a plain glob reads it too.
 A run directory is a local path or a URI pyarrow has a filesystem for (s3://bucket/prefix/run_id;
 `locate` says how the endpoint is chosen). A file appears whole or not at all, so a crash never
 leaves a half-written file under a name that readers pick up: locally it is written to a hidden
@@ -26,6 +28,7 @@ import pyarrow.parquet as pq
 
 from fleet.contracts import schema
 from fleet.contracts.errors import UserError
+from fleet.contracts.inputs import inside
 from fleet.contracts.spec import PROBE_KINDS, ProbeKind
 
 RUN_JSON = "run.json"
@@ -86,6 +89,7 @@ class RunStore:
         self.run_dir = run_dir  # as given, for messages and paths handed back
         self.fs, self.root = locate(run_dir)
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self._run_id: str | None = None
 
     @classmethod
     def create(cls, run_dir: str | Path, info: dict[str, Any]) -> RunStore:
@@ -110,8 +114,10 @@ class RunStore:
         """Write one shard's rows of `table`, conformed to its declared schema, under the
         weights it ran on: a model name reused for other weights lands in another directory."""
         data = schema.conform(data, schema.all_tables()[table])
+        data = data.set_column(0, "run_id", pa.array([self.run_id] * data.num_rows, pa.string()))
         weights = data.column("model_weights")[0].as_py() if data.num_rows else "none"
         path = "/".join([self.root, *_layout(table, shard_id, weights)])
+        inside(self.root, path, what=f"{table} rows of {shard_id[:200]}")  # names are validated; this is the guard
         if self.local:  # straight to the temp file: no in-memory copy of a big shard
             tmp = self._temp(path)
             pq.write_table(data, tmp, compression="zstd", compression_level=1)
@@ -121,6 +127,13 @@ class RunStore:
             pq.write_table(data, sink, compression="zstd", compression_level=1)
             self._put(path, sink.getvalue())
         return self.shard_path(table, shard_id, weights)
+
+    @property
+    def run_id(self) -> str:
+        """run.json's run id (the directory's name if it has none), written into every row."""
+        if self._run_id is None:
+            self._run_id = str(self.info().get("run_id") or self.root.rstrip("/").rsplit("/", 1)[-1])
+        return self._run_id
 
     def completed_shards(self) -> set[str]:
         """Ids of shards whose `shards` row was written: their requests and tokens are complete."""
@@ -182,7 +195,7 @@ class RunStore:
 
 def _layout(table: str, shard_id: str, weights: str) -> list[str]:
     model, target, prompt_set, chunk = shard_id.split("/")
-    return [table, model, weights, target, f"{prompt_set}-{chunk}.parquet"]
+    return [table, f"model={model}", f"model_weights={weights}", f"target={target}", f"{prompt_set}-{chunk}.parquet"]
 
 
 def _sync_and_rename(tmp: str, path: str) -> None:

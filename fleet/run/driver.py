@@ -13,17 +13,24 @@ import os
 import platform
 import socket
 import sys
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from fleet.contracts.errors import UserError
+from fleet.contracts.inputs import check_name, check_url, clip, cut, inside, read_text
+from fleet.contracts.schema import SCHEMA_VERSION
 from fleet.contracts.spec import Shard
 from fleet.contracts.targets import SOURCE_PREFLIGHT, engine_side
+from fleet.results import reader
 from fleet.results.store import RUN_JSON, RunStore, join, now
 from fleet.run import manifest as manifest_mod
 from fleet.run.placement import check_fits
 from fleet.run.plan import PerfRun, ProbeRun, plan, plan_perf, plan_probes
+from fleet.run.progress import Progress
 from fleet.run.scheduler import Outcome, execute
 
 
@@ -70,27 +77,9 @@ def run(
     results_dir is a local directory or a URI (s3://bucket/prefix, see fleet.store.locate); the run
     directory is <results_dir>/<run_id>, returned in the same form (a Path stays a Path).
     `overrides` (`KEY=VALUE`, fleet.run.manifest.override) apply on top of the file; run.json keeps both."""
-    manifest = manifest_mod.load(manifest_path, overrides=overrides)
-    unresolved = _preflight(manifest)
-    run_id = run_id or default_run_id(manifest_path)
-    run_dir = join(results_dir, run_id)
-    with _storage(run_dir):
-        taken = RunStore(run_dir).exists()
-    if taken:
-        msg = f"{run_dir}: run directory already exists; choose another --run-id"
-        raise UserError(msg)
-    text = manifest_path.read_text(encoding="utf-8")
-    info = {
-        "run_id": run_id,
-        "manifest_path": str(manifest_path),
-        "manifest_sha256": hashlib.sha256(text.encode()).hexdigest(),
-        "manifest": text,
-        "overrides": list(overrides),
-        "manifest_resolved": manifest.model_dump(mode="json"),
-        "reference": manifest.reference,
-        "command": sys.argv,
-        "driver": _driver_versions(),
-    }
+    manifest, run_dir, info, unresolved = check(
+        manifest_path, results_dir=results_dir, run_id=run_id, overrides=overrides
+    )
     with _ray(ray_address, verbose=verbose) as cluster:
         _check_cluster(manifest, cluster, manifest_path)
         with _storage(run_dir):  # e.g. no such bucket: nothing was written
@@ -108,6 +97,47 @@ def run(
     return run_dir, outcome
 
 
+def check(
+    manifest_path: Path,
+    *,
+    results_dir: str | Path = Path("results"),
+    run_id: str | None = None,
+    overrides: Sequence[str] = (),
+) -> tuple[manifest_mod.Manifest, str | Path, dict[str, Any], dict[str, str]]:
+    """Everything `run` does before Ray starts (`fleet run --check`): the manifest, the run
+    directory it would write (a name inside results_dir, not taken), every model's source. Returns
+    the manifest, run directory, run.json's first contents and the models that cannot be resolved;
+    writes nothing."""
+    manifest = manifest_mod.load(manifest_path, overrides=overrides)
+    if "://" in str(results_dir):
+        check_url(str(results_dir), what="--results")
+    run_id = check_name(default_run_id(manifest_path) if run_id is None else run_id, what="--run-id")
+    run_dir = join(results_dir, run_id)
+    inside(results_dir, run_dir, what="--run-id")
+    with _storage(run_dir):
+        taken = RunStore(run_dir).exists()
+    if taken:
+        msg = f"{run_dir}: run directory already exists; choose another --run-id"
+        raise UserError(msg)
+    unresolved = _preflight(manifest)
+    if unresolved and len(unresolved) == len(manifest.models):  # nothing could run: nothing is started
+        msg = f"{manifest_path}: no model's source can be resolved, so nothing would run; "
+        raise UserError(msg + next(iter(unresolved.values())))
+    text = read_text(manifest_path, what="manifest")
+    info = {
+        "run_id": run_id,
+        "manifest_path": str(manifest_path),
+        "manifest_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "manifest": text,
+        "overrides": list(overrides),
+        "manifest_resolved": manifest.model_dump(mode="json"),
+        "reference": manifest.reference,
+        "command": sys.argv,
+        "driver": _driver_versions(),
+    }
+    return manifest, run_dir, info, unresolved
+
+
 def _preflight(manifest: manifest_mod.Manifest) -> dict[str, str]:
     """Models whose source cannot be resolved (e.g. an hf model missing from the offline cache),
     found before any actor starts: they are recorded as failing and the rest of the run goes on."""
@@ -117,8 +147,10 @@ def _preflight(manifest: manifest_mod.Manifest) -> dict[str, str]:
         try:
             preflight(model.source)
         except UserError as e:
-            unresolved[model.name] = f"model {model.name!r}: {e}"
-            print(f"error: {unresolved[model.name]}; its targets are skipped", file=sys.stderr)
+            unresolved[model.name] = cut(f"model {model.name!r}: {e}", 300)
+    if unresolved and len(unresolved) < len(manifest.models):
+        for why in unresolved.values():
+            print(f"error: {why}; its targets are skipped", file=sys.stderr)
     return unresolved
 
 
@@ -126,24 +158,38 @@ def resume(
     run_dir: str | Path, *, ray_address: str | None = None, progress: bool = True, verbose: bool = False
 ) -> tuple[str | Path, Outcome]:
     """Finish an interrupted run: only the shards without a written `shards` row run again."""
-    store = RunStore(run_dir)
-    with _storage(run_dir):
-        try:
-            info = store.info()
-        except FileNotFoundError:
-            msg = f"{run_dir}: not a run directory (no {RUN_JSON})"
-            raise UserError(msg) from None
-    manifest = manifest_mod.Manifest.model_validate(info["manifest_resolved"])
-    done, perf_done = store.completed_shards(), store.completed_perf()
-    todo = [s for s in plan(manifest) if s.shard_id not in done]
-    perf_todo = [p for p in plan_perf(manifest) if p.run_id not in perf_done]
-    probes_done = {ProbeRun(*key) for key in store.completed_probes()}
-    probes_todo = [p for p in plan_probes(manifest) if p not in probes_done]
+    store, info, manifest, todo, perf_todo, probes_todo = check_resume(run_dir)
     with _ray(ray_address, verbose=verbose) as cluster:
         _check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
         store.update_info(status="running", resumed_at=[*info.get("resumed_at", []), now()])
         outcome = _execute(manifest, todo, perf_todo, probes_todo, store, cluster, progress=progress, before=info)
     return run_dir, outcome
+
+
+def check_resume(
+    run_dir: str | Path,
+) -> tuple[RunStore, dict[str, Any], manifest_mod.Manifest, list[Shard], list[PerfRun], list[ProbeRun]]:
+    """Everything `resume` does before Ray starts (`fleet run --check --resume`): run.json, the
+    manifest recorded in it, and the work still to do, read from the stored tables."""
+    with _storage(run_dir):
+        info = reader.read_info(run_dir)
+        store = RunStore(run_dir)
+    where = join(run_dir, RUN_JSON)
+    if info.get("schema_version") != SCHEMA_VERSION:
+        msg = f"{cut(str(run_dir), 200)}: written with schema version {clip(info.get('schema_version'), 40)}; "
+        msg += f"this fleet-eval writes {SCHEMA_VERSION} and cannot add to it (report, compare and query still read it)"
+        raise UserError(msg)
+    try:
+        manifest = manifest_mod.Manifest.model_validate(info.get("manifest_resolved"))
+    except ValidationError as e:
+        raise UserError(manifest_mod.format_error(where, info.get("manifest_resolved"), e)) from None
+    with _storage(run_dir), reader.decoding(run_dir):
+        done, perf_done = store.completed_shards(), store.completed_perf()
+        probes_done = {ProbeRun(*key) for key in store.completed_probes()}
+    todo = [s for s in plan(manifest) if s.shard_id not in done]
+    perf_todo = [p for p in plan_perf(manifest) if p.run_id not in perf_done]
+    probes_todo = [p for p in plan_probes(manifest) if p not in probes_done]
+    return store, info, manifest, todo, perf_todo, probes_todo
 
 
 @contextlib.contextmanager
@@ -190,13 +236,11 @@ def _execute(
     failed_before_start: dict[str, str] | None = None,
 ) -> Outcome:
     """Dispatch shards and perf levels, then record in run.json how it ended (also when interrupted)."""
-    from tqdm import tqdm
-
     before = before or {}
     status, outcome = "interrupted", Outcome()
     try:
-        total = len(shards) + len(perf)
-        with tqdm(total=total, unit="shard", desc="shards+perf", disable=not progress, file=sys.stderr) as bar:
+        planned = Counter(s.model for s in shards) + Counter(p.model for p in perf)
+        with Progress(planned, enabled=progress) as bar:
             outcome = execute(manifest, shards, perf, store, bar, cluster=cluster, probes=probes)
         outcome.failures = (failed_before_start or {}) | outcome.failures
         status = "partial" if outcome.partial else "complete"

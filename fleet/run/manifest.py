@@ -11,14 +11,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import yaml
 from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
 
 from fleet.contracts.base import Name, Strict
-from fleet.contracts.errors import ManifestError
+from fleet.contracts.errors import ManifestError, UserError
 from fleet.contracts.gates import Gate
+from fleet.contracts.inputs import clip, cut, load_yaml, read_text
+from fleet.contracts.prompt_source import CHECK_ROWS, PromptFile, chunks, read_slice
 from fleet.contracts.prompts import Prompt
-from fleet.contracts.sources import GgufSource, PathSource
+from fleet.contracts.sources import GgufSource, PathSource, SyntheticSource
 from fleet.contracts.spec import (
     PROBE_KINDS,
     ModelSpec,
@@ -61,9 +62,10 @@ else:  # a union over the registered args models, discriminated on `kind`
 
 class Manifest(Strict):
     models: list[ModelSpec] = Field(min_length=1, description="Models to evaluate.")
-    prompts: dict[Name, list[Prompt]] = Field(
+    prompts: dict[Name, list[Prompt] | PromptFile] = Field(
         min_length=1,
-        description="Prompt sets by name: a list of prompts, {file: prompts.jsonl} or {builtin: NAME}.",
+        description="Prompt sets by name: a list of prompts, {builtin: NAME}, or a file read by the shards: "
+        "{file: prompts.jsonl | .parquet | .csv, id: COLUMN, prompt: COLUMN, expected: {number: COLUMN}}.",
     )
     targets: list[Target] = Field(min_length=1, description="Where and how each model runs.")
     reference: str = Field(description="Name of the target the others are compared with.")
@@ -110,8 +112,10 @@ class Manifest(Strict):
 
     @field_validator("prompts")
     @classmethod
-    def _unique_prompt_ids(cls, value: dict[str, list[Prompt]]) -> dict[str, list[Prompt]]:
+    def _unique_prompt_ids(cls, value: dict[str, list[Prompt] | PromptFile]) -> dict[str, list[Prompt] | PromptFile]:
         for name, prompt_set in value.items():
+            if isinstance(prompt_set, PromptFile):
+                continue  # checked when it was read (fleet/contracts/prompt_source.py)
             ids = [p.id for p in prompt_set]
             dupes = sorted({i for i in ids if ids.count(i) > 1})
             if dupes:
@@ -205,6 +209,13 @@ class Manifest(Strict):
         named = set(probe.targets or able) | {self.reference}
         return [n for n in able if n in named]
 
+    def prompt_list(self, name: str) -> list[Prompt]:
+        """Every prompt of a set, read whole: for probes and perf scenarios, which take a set in one call."""
+        prompt_set = self.prompts[name]
+        if isinstance(prompt_set, PromptFile):
+            return [p for piece in chunks(prompt_set, CHECK_ROWS) for p in read_slice(piece)]
+        return prompt_set
+
     def target(self, name: str) -> TargetArgs:
         return next(t for t in self.targets if t.name == name)
 
@@ -214,13 +225,9 @@ def load(path: str | Path, *, overrides: Sequence[str] = ()) -> Manifest:
     `overrides` are `KEY=VALUE` settings applied to the file's YAML first (see `override`)."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        msg = f"{path}: manifest file not found"
-        raise ManifestError(msg) from None
-    except yaml.YAMLError as e:
-        msg = f"{path}: not valid YAML: {e}"
-        raise ManifestError(msg) from None
+        raw = load_yaml(read_text(path, what="manifest"), source=str(path))
+    except UserError as e:
+        raise ManifestError(str(e)) from None
     if not isinstance(raw, dict):
         msg = f"{path}: expected a mapping with models, prompts, targets, reference"
         raise ManifestError(msg)
@@ -230,8 +237,10 @@ def load(path: str | Path, *, overrides: Sequence[str] = ()) -> Manifest:
     try:
         manifest = TypeAdapter(Manifest).validate_python(raw, context={"base_dir": base_dir})
     except ValidationError as e:
-        raise ManifestError(_format(path, raw, e)) from None
-    return _full_vocab_for_probes(_resolve_paths(manifest, base_dir, path))
+        raise ManifestError(format_error(path, raw, e)) from None
+    manifest = _full_vocab_for_probes(_resolve_paths(manifest, base_dir, path))
+    check_context(manifest, path)
+    return manifest
 
 
 def override(raw: dict[str, Any], setting: str, *, where: Path) -> dict[str, Any]:
@@ -240,13 +249,13 @@ def override(raw: dict[str, Any], setting: str, *, where: Path) -> dict[str, Any
     first, then the command line: a manifest's test-size run is the same file with sizes cut."""
     key, sep, text = setting.partition("=")
     if not sep or not key:
-        msg = f"--set {setting!r}: expected KEY=VALUE, e.g. sampling.max_tokens=4"
+        msg = f"--set {clip(setting)}: expected KEY=VALUE, e.g. sampling.max_tokens=4"
         raise ManifestError(msg)
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        msg = f"--set {key}: the value is not valid YAML: {e}"
-        raise ManifestError(msg) from None
+    shown = cut(key, 80)  # for messages: a key of any length is still navigated whole
+    try:  # the manifest's own loader: duplicate keys, alias bombs and bad scalars refused alike
+        value = load_yaml(text, source=f"--set {shown}")
+    except UserError as e:
+        raise ManifestError(str(e)) from None
     out = copy.deepcopy(raw)
     node: Any = out
     parts = key.split(".")
@@ -255,7 +264,7 @@ def override(raw: dict[str, Any], setting: str, *, where: Path) -> dict[str, Any
         here = ".".join(parts[: depth + 1])
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
-                msg = f"{where}: --set {key}: {here} is not an item of a list of {len(node)}"
+                msg = f"{where}: --set {shown}: {here} is not an item of a list of {len(node)}"
                 raise ManifestError(msg)
             index: int | str = int(part)
         elif isinstance(node, dict):
@@ -264,7 +273,7 @@ def override(raw: dict[str, Any], setting: str, *, where: Path) -> dict[str, Any
                 node = node.setdefault(part, {})
                 continue
         else:
-            msg = f"{where}: --set {key}: {'.'.join(parts[:depth])} is neither a mapping nor a list"
+            msg = f"{where}: --set {shown}: {'.'.join(parts[:depth])} is neither a mapping nor a list"
             raise ManifestError(msg)
         if last:
             node[index] = value
@@ -294,18 +303,73 @@ def _resolve_paths(manifest: Manifest, base_dir: Path, path: Path) -> Manifest:
     return manifest.model_copy(update={"models": models})
 
 
-def _format(path: Path, raw: Any, error: ValidationError) -> str:
-    lines = [f"{path}: {error.error_count()} error(s)"]
-    for err in error.errors(include_url=False):
+# Fields whose value may be a credential: a message names the field and the rule, never the value.
+_SECRET_FIELDS = {"base_url", "env", "api_key_env"}
+SHOWN_ERRORS = 2  # with the header line, a message is at most 3 lines
+
+
+def format_error(path: str | Path, raw: Any, error: ValidationError) -> str:
+    """At most 3 lines: how many errors, then the first two, each naming the field as written."""
+    errors = error.errors(include_url=False)
+    more = f" (the first {SHOWN_ERRORS} shown)" if len(errors) > SHOWN_ERRORS else ""
+    lines = [f"{cut(str(path), 200)}: {len(errors)} error(s){more}"]
+    for err in errors[:SHOWN_ERRORS]:
         loc, msg = _field_path(raw, err["loc"]), err["msg"].removeprefix("Value error, ")
+        secret = bool(_SECRET_FIELDS & {str(p) for p in err["loc"]})
         if err["type"] == "union_tag_invalid":
-            loc, msg = f"{loc}.kind", f"unknown kind {err['input'].get('kind')!r}; known kinds: {_known(err)}"
+            kind = err["input"].get("kind") if isinstance(err["input"], dict) else None
+            loc, msg = f"{loc}.kind", f"unknown kind {clip(kind, 40)}; known kinds: {_known(err)}"
         elif err["type"] == "extra_forbidden":
-            msg = f"unknown key {_last_key(err['loc'])!r} (a typo? extra keys are not allowed)"
-        elif err["type"] not in ("missing", "value_error"):
-            msg += f" (got {err['input']!r})"
-        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
+            msg = f"unknown key {clip(_last_key(err['loc']), 40)} (a typo? extra keys are not allowed)"
+        elif err["type"] not in ("missing", "value_error") and not secret:
+            msg += f" (got {clip(err['input'], 60)})"
+        lines.append(cut(f"  {loc}: {msg}" if loc else f"  {msg}", 300))
     return "\n".join(lines)
+
+
+def context_length(model: ModelSpec, target: TargetArgs) -> int | None:
+    """The context a target runs `model` with, where it is known before anything starts: the model's
+    or target's max_model_len, else the model's own (a synthetic spec, a local config.json)."""
+    own: int | None = None
+    if isinstance(model.source, SyntheticSource):
+        own = model.source.max_position_embeddings
+    elif isinstance(model.source, PathSource):
+        own = _config_context(model.source.path)
+    if target.kind == "endpoint":  # its server decides, and says so only when asked
+        return model.max_model_len
+    return model.max_model_len or getattr(target, "max_model_len", None) or own
+
+
+def _config_context(model_dir: Path) -> int | None:
+    import json
+
+    try:
+        value = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None  # unreadable here: the engine will say why
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def check_context(manifest: Manifest, path: str | Path) -> None:
+    """Requests that cannot fit a known context fail here, not as an engine error after start:
+    max_tokens plus at least one prompt token for parity, input + output tokens for perf."""
+    for model in manifest.models:
+        for target in manifest.targets:
+            length = context_length(model, target)
+            if length is None:
+                continue
+            where = f"{cut(str(path), 200)}: model {model.name!r} on target {target.name!r}"
+            if target.parity and manifest.sampling.max_tokens + 1 > length:
+                msg = f"{where}: sampling.max_tokens {manifest.sampling.max_tokens} plus the prompt "
+                msg += f"exceeds its context of {length} tokens"
+                raise ManifestError(msg)
+            for scenario in manifest.perf:
+                if scenario.input_tokens is None or (scenario.targets and target.name not in scenario.targets):
+                    continue
+                if target.can("perf") and scenario.input_tokens + scenario.output_tokens > length:
+                    msg = f"{where}: perf {scenario.name!r} needs {scenario.input_tokens} + "
+                    msg += f"{scenario.output_tokens} tokens, over its context of {length}"
+                    raise ManifestError(msg)
 
 
 def _known(err: Any) -> str:

@@ -110,6 +110,9 @@ def _check(base: Mapping[str, Any], matrix: Mapping[str, list[Any]]) -> None:
         msg = f"target {name!r}: matrix must map fields to lists of values"
         raise ValueError(msg)
     for key, values in matrix.items():
+        if not isinstance(key, str):
+            msg = f"target {name!r}: matrix keys must be field names (strings), got {str(key)[:60]!r}"
+            raise ValueError(msg)
         if not isinstance(values, list) or not values:
             msg = f"target {name!r}: matrix.{key} must be a non-empty list of values"
             raise ValueError(msg)

@@ -11,10 +11,34 @@ if TYPE_CHECKING:
 
 
 def need(target: TargetArgs) -> dict[str, float]:
-    """The Ray resources one actor of `target` holds, flattened to cluster_resources() keys."""
-    options = target.ray_resources()
-    flat = {"CPU": options.get("num_cpus", 0.0), "GPU": options.get("num_gpus", 0.0)} | options.get("resources", {})
-    return {k: float(v) for k, v in flat.items() if v}
+    """The Ray resources one engine of `target` holds (its actor and every card, over however many
+    nodes), as cluster_resources() keys."""
+    return add(*target.bundles())
+
+
+def places(target: TargetArgs, nodes: list[dict[str, float]]) -> bool:
+    """Whether some nodes could ever hold `target`: all of it on one node, or, over several nodes,
+    each pipeline stage's cards on one node and the actor's CPUs beside one stage (vLLM splits the
+    ranks into stages node by node; a stage across nodes would run tensor parallelism over the
+    network, so it is not counted)."""
+    if not target.spans_nodes:
+        return any(fits(need(target), node) for node in nodes)
+    card = target.bundles()[-1]  # one card and the target's extra resources
+    stage = {k: v * target.tensor_parallel_size for k, v in card.items()}
+    actor = {"CPU": float(target.num_cpus)}
+    counts = [_copies(stage, node) for node in nodes]
+    most = 0
+    for i, node in enumerate(nodes):  # the actor's node must hold a stage beside the actor
+        left = {k: v - actor.get(k, 0.0) for k, v in node.items()}
+        if fits(actor, node) and (here := _copies(stage, left)) >= 1:
+            most = max(most, here + sum(counts) - counts[i])
+    return most >= target.pipeline_parallel_size
+
+
+def _copies(want: dict[str, float], have: dict[str, float]) -> int:
+    """How many times `want` fits in `have`."""
+    counts = [int((have.get(k, 0.0) + 1e-9) // v) for k, v in want.items() if v > 0]
+    return min(counts, default=0)
 
 
 def add(*needs: dict[str, float]) -> dict[str, float]:
@@ -41,12 +65,20 @@ def footprint(manifest: Manifest, cluster: dict[str, float]) -> dict[str, float]
 
 
 def check_fits(manifest: Manifest, cluster: dict[str, float], nodes: list[dict[str, float]] | None = None) -> None:
-    """Fail before anything starts when a target's cards are not on any one node, or the
+    """Fail before anything starts when a target's cards are not on any one node (a multi-node
+    target: its pipeline stages are not on as many nodes), or the
     reference and a candidate cannot hold cards at once: the reference stays up to score every
     candidate, so anything less would wait forever. (This cluster does not autoscale for us.)"""
     for target in manifest.targets:
-        if nodes is not None and not any(fits(need(target), node) for node in nodes):
-            msg = f"target {target.name!r} needs {need(target)} on one node; no node has that"
+        if nodes is not None and not places(target, nodes):
+            if target.spans_nodes:
+                tp, pp = target.tensor_parallel_size, target.pipeline_parallel_size
+                msg = (
+                    f"target {target.name!r} needs {pp} stages of {tp} cards, each stage on one node and the "
+                    f"actor's {target.num_cpus:g} CPUs beside one; no set of nodes has that"
+                )
+            else:
+                msg = f"target {target.name!r} needs {need(target)} on one node; no node has that"
             raise RuntimeError(msg)
     want = footprint(manifest, cluster)
     if not fits(want, cluster):

@@ -10,24 +10,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fleet.contracts.prompt_source import FileSlice, PromptFile, chunks
 from fleet.contracts.spec import PROBE_KINDS, ProbeKind, Shard
 from fleet.run.manifest import Manifest
 
 if TYPE_CHECKING:
+    from fleet.contracts.prompts import Prompt
     from fleet.contracts.spec import Scenario
 
 
 def plan(manifest: Manifest) -> list[Shard]:
-    """All shards, grouped by model; within a model the reference's shards come first."""
+    """All shards, grouped by model; within a model the reference's shards come first. A file's
+    shards carry row ranges, not prompts: the driver's memory does not grow with the file."""
     targets = sorted((t for t in manifest.targets if t.parity), key=lambda t: t.name != manifest.reference)
-    size = manifest.run.shard_size
+    cut = {name: _chunks(prompts, manifest.run.shard_size) for name, prompts in manifest.prompts.items()}
     return [
-        Shard(model.name, target.name, set_name, i // size, tuple(prompts[i : i + size]))
+        Shard(model.name, target.name, set_name, i, prompts, rows)
         for model in manifest.models
         for target in targets
-        for set_name, prompts in manifest.prompts.items()
-        for i in range(0, len(prompts), size)
+        for set_name, chunks_ in cut.items()
+        for i, (prompts, rows) in enumerate(chunks_)
     ]
+
+
+def _chunks(prompts: list[Prompt] | PromptFile, size: int) -> list[tuple[tuple[Prompt, ...], FileSlice | None]]:
+    """One prompt set cut into shards of `size` prompts: the prompts, or the file slice holding them."""
+    if isinstance(prompts, PromptFile):
+        return [((), piece) for piece in chunks(prompts, size)]
+    return [(tuple(prompts[i : i + size]), None) for i in range(0, len(prompts), size)]
 
 
 @dataclass(frozen=True)

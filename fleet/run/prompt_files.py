@@ -1,4 +1,5 @@
-"""Prompt sets from files: JSONL prompt files next to the manifest, and the built-in sets
+"""Prompt sets from files: prompt files next to the manifest (JSONL, Parquet, CSV with a column
+mapping, read by the shards themselves: fleet/contracts/prompt_source.py), and the built-in sets
 (fleet/data/prompts/<name>.jsonl), usable by name: `prompts: {six: {builtin: smollm-six}}`."""
 
 from __future__ import annotations
@@ -7,6 +8,9 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+
+from fleet.contracts.inputs import check_path_text
+from fleet.contracts.prompt_source import PromptFile, check, digest
 
 BUILTIN_DIR = Path(__file__).parent.parent / "data" / "prompts"
 
@@ -73,20 +77,48 @@ def read_gsm8k(path: Path, set_name: str) -> list[dict[str, Any]]:
 
 
 def expand(name: str, spec: Any, base_dir: Path) -> Any:
-    """A manifest prompt-set entry as a list of prompt dicts: inline, {file: ...} (fleet's rows, or
-    `format: gsm8k`) or {builtin: ...}."""
-    if isinstance(spec, dict) and set(spec) == {"file"}:
-        return read_jsonl(base_dir / spec["file"], name)
-    if isinstance(spec, dict) and set(spec) == {"file", "format"}:
-        if spec["format"] != "gsm8k":
-            msg = f"prompt set {name!r}: unknown format {spec['format']!r}; formats: gsm8k (default: fleet's rows)"
+    """A manifest prompt-set entry: inline (a list of prompt dicts), {builtin: ...} (read here:
+    built-in sets are small), {file: ..., format: gsm8k} (GSM8K's own rows, read here: a benchmark
+    file, not a dataset) or {file: ..., <column mapping>} (checked once, then read by shards)."""
+    if isinstance(spec, dict) and spec.get("format") == "gsm8k":
+        if set(spec) != {"file", "format"}:
+            msg = f"prompt set {str(name)[:60]!r}: format gsm8k takes only file (its columns are GSM8K's own)"
             raise ValueError(msg)
-        return read_gsm8k(base_dir / spec["file"], name)
+        try:  # the one check every user path gets (fleet/contracts/inputs.py)
+            file = check_path_text(spec["file"])
+            return read_gsm8k(base_dir / file, name)
+        except (OSError, UnicodeDecodeError) as e:  # unreadable or not UTF-8: the set's error, not a crash
+            msg = f"prompt set {str(name)[:60]!r}: cannot read {str(spec['file'])[:200]}: {str(e)[:120]}"
+            raise ValueError(msg) from None
+    if isinstance(spec, dict) and "file" in spec:
+        return _prompt_file(name, spec, base_dir)
     if isinstance(spec, dict) and set(spec) == {"builtin"}:
-        if spec["builtin"] not in builtin_names():
-            msg = (
-                f"prompt set {name!r}: no built-in set {spec['builtin']!r}; built-in sets: {', '.join(builtin_names())}"
-            )
+        if not isinstance(spec["builtin"], str) or spec["builtin"] not in builtin_names():
+            msg = f"prompt set {str(name)[:60]!r}: no built-in set {str(spec['builtin'])[:60]!r}; "
+            msg += f"built-in sets: {', '.join(builtin_names())}"
             raise ValueError(msg)
         return read_jsonl(BUILTIN_DIR / f"{spec['builtin']}.jsonl", name)
     return spec
+
+
+def _prompt_file(name: str, spec: dict[str, Any], base_dir: Path) -> PromptFile:
+    """The file checked (rows counted, ids unique, every row a prompt), or, on resume (rows
+    already counted), checked to be the same bytes the run started with."""
+    import pyarrow as pa
+
+    try:
+        check_path_text(spec["file"])  # the one check every user path gets (fleet/contracts/inputs.py)
+        source = PromptFile.model_validate(spec)
+        source = source.model_copy(update={"file": (base_dir / source.file).resolve()})
+        if source.rows is None:
+            return check(source)
+        if not source.file.is_file() or digest(source.file) != source.sha256:
+            msg = f"{source.file} is not the file this run started with (sha256 {source.sha256})"
+            raise ValueError(msg)
+    except ValueError as e:
+        msg = f"prompt set {str(name)[:60]!r}: {str(e).splitlines()[-1].strip().removeprefix('Value error, ')[:300]}"
+        raise ValueError(msg) from None
+    except (OSError, UnicodeDecodeError, pa.ArrowException) as e:  # unreadable, not UTF-8, damaged: the set's error
+        msg = f"prompt set {str(name)[:60]!r}: cannot read {str(spec['file'])[:200]}: {str(e)[:120]}"
+        raise ValueError(msg) from None
+    return source

@@ -29,17 +29,21 @@ from typing import TYPE_CHECKING, Any
 from fleet.results.store import now
 from fleet.run.placement import fits, footprint
 from fleet.run.slots import ModelRun
+from fleet.run.work import Generate
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from tqdm import tqdm
 
     from fleet.contracts.engine import Generation
     from fleet.contracts.spec import Shard
     from fleet.results.store import RunStore
     from fleet.run.manifest import Manifest
     from fleet.run.plan import PerfRun, ProbeRun
+    from fleet.run.progress import Progress
     from fleet.run.work import Work
+
+# Shards handed to the writer threads and not yet on disk: their rows are held in the driver.
+MAX_PENDING_WRITES = 16
 
 
 @dataclass
@@ -62,7 +66,7 @@ def execute(
     shards: list[Shard],
     perf: list[PerfRun],
     store: RunStore,
-    bar: tqdm[Any],
+    bar: Progress,
     *,
     cluster: dict[str, float],
     probes: Sequence[ProbeRun] = (),
@@ -82,7 +86,7 @@ class Loop:
         perf: list[PerfRun],
         probes: list[ProbeRun],
         store: RunStore,
-        bar: tqdm[Any],
+        bar: Progress,
         cluster: dict[str, float],
     ) -> None:
         self.manifest, self.store, self.bar, self.outcome = manifest, store, bar, Outcome()
@@ -151,6 +155,8 @@ class Loop:
                 continue
             if slot.exclusive_next and self.calls:
                 continue
+            if name != run.ref and run.scoring_backlog and isinstance(slot.queue[0], Generate):
+                continue
             if (call := slot.submit()) is not None:
                 self.calls[call] = (run, name)
                 if slot.current is not None and slot.runs_alone(slot.current[1]):
@@ -161,6 +167,7 @@ class Loop:
             run = self.waiting.popleft()
             self.free = {k: self.free.get(k, 0.0) - run.reservation.get(k, 0.0) for k in self.free}
             self.outcome.timeline[run.model.name] = {"admitted_at": now()}
+            self.bar.started_model(run.model.name)
             run.start()
             self.active.append(run)
 
@@ -274,9 +281,18 @@ class Loop:
             self.store.write("requests", shard_id, gen.requests)
             self.store.write("tokens", shard_id, tokens)
             self.store.write("shards", shard_id, gen.shard)
-            self.bar.update(1)
+            self.bar.update(1, model=gen.shard.column("model")[0].as_py(), tokens=tokens.num_rows)
 
-        self.writes.append(self.writer.submit(write))
+        # Finished writes are checked and let go: a million-prompt run must not keep every future.
+        pending = []
+        for done in self.writes:
+            if done.done():
+                done.result()
+            else:
+                pending.append(done)
+        while len(pending) >= MAX_PENDING_WRITES:  # the disk is behind: dispatch waits for it
+            pending.pop(0).result()
+        self.writes = [*pending, self.writer.submit(write)]
 
 
 def _reason(error: Exception) -> str:

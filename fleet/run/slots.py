@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from fleet.run.manifest import Manifest
     from fleet.run.plan import PerfRun, ProbeRun
 
+# Candidate shards a model may hold in the driver unscored: this bounds the driver's memory.
+MAX_UNSCORED = 8
 # Environment every actor gets: no phoning home, from vLLM or Ray.
 BASE_ENV = {"VLLM_NO_USAGE_STATS": "1", "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -47,18 +49,10 @@ class ActorSlot:
 
     def launch(self) -> None:
         import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from fleet.contracts.targets import TARGET_ACTOR, engine_side
 
-        options: dict[str, Any] = self.target.ray_resources()
-        options["runtime_env"] = {"env_vars": BASE_ENV | self.target.actor_env()}
-        if self.target.tensor_parallel_size > 1:
-            # All tp cards in one bundle on one node, reserved atomically for this engine.
-            bundle = need(self.target)
-            self.pg = placement_group([bundle], strategy="STRICT_PACK")
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg)
+        self.pg, options = reserve(self.target)
         self.handle = (
             ray.remote(engine_side(TARGET_ACTOR))
             .options(**options)
@@ -93,6 +87,28 @@ class ActorSlot:
         self.alive = False
 
 
+def reserve(target: TargetArgs) -> tuple[Any, dict[str, Any]]:
+    """The placement group (None for one card) and Ray options of one actor of `target`.
+
+    Reserved atomically for this engine. On one node: one bundle with all its cards
+    (STRICT_PACK). Over nodes: one bundle per card, packed onto as few nodes as hold them, the
+    actor in the first; vLLM's Ray executor finds this group from inside the actor
+    (ray.util.get_current_placement_group) and puts one worker in each card's bundle.
+    """
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    options: dict[str, Any] = target.ray_resources()
+    options["runtime_env"] = {"env_vars": BASE_ENV | target.actor_env()}
+    if target.cards == 1:
+        return None, options
+    pg = placement_group(target.bundles(), strategy="PACK" if target.spans_nodes else "STRICT_PACK")
+    options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+        pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=target.spans_nodes
+    )
+    return pg, options
+
+
 class ModelRun:
     """One model: its slots, the shards still to generate, and scoring by the reference."""
 
@@ -125,7 +141,13 @@ class ModelRun:
             n for n, s in self.slots.items() if (s.queue or s.perf_todo or s.target.can("smoke")) and n != self.ref
         )
         self.running: set[str] = set()
+        self.unscored = 0  # candidate shards generated and not yet scored: held in the driver
         self._handed: set[str] = set()
+
+    @property
+    def scoring_backlog(self) -> bool:
+        """Enough candidate rows wait for the reference: candidates generate no more until it catches up."""
+        return self.unscored >= MAX_UNSCORED and self.slots[self.ref].handle is not None
 
     def start(self) -> None:
         if any(s.queue or s.perf_todo for s in self.slots.values()):

@@ -109,11 +109,15 @@ class Generate(Work):
         if name == run.ref or ref_slot.handle is None:  # no reference (left) to score with
             loop.write_shard(result, result.tokens)
         else:
-            ref_slot.queue.append(Score(self.shard, result))
+            # Scored before the reference's own next shard: a candidate's rows wait in the driver
+            # only until the reference is free, so memory does not grow with the prompt count.
+            ahead = (i for i, w in enumerate(ref_slot.queue) if not isinstance(w, Describe | Smoke | Score))
+            ref_slot.queue.insert(next(ahead, len(ref_slot.queue)), Score(self.shard, result))
+            run.unscored += 1
 
     def on_abandon(self, loop: Loop, run: ModelRun, name: str, reason: str) -> None:
         loop.outcome.failed_shards[self.shard.shard_id] = reason
-        loop.bar.update(1)
+        loop.bar.update(1, model=run.model.name)
 
 
 @dataclass(frozen=True)
@@ -128,9 +132,11 @@ class Score(Work):
         return call, slot.manifest.run.shard_timeout_s
 
     def on_result(self, loop: Loop, run: ModelRun, name: str, result: pa.Table) -> None:
+        run.unscored -= 1
         loop.write_shard(self.gen, _join_scores(self.gen.tokens, result))
 
     def on_abandon(self, loop: Loop, run: ModelRun, name: str, reason: str) -> None:
+        run.unscored -= 1
         # The candidate's own rows stand; record that they lack the reference's columns.
         loop.outcome.failed_shards.setdefault(self.shard.shard_id, f"unscored: {reason}")
         loop.write_shard(self.gen, self.gen.tokens)
@@ -151,7 +157,7 @@ class Probe(Work):
         # A capability's actor method is named after it: probe_logits, probe_layers.
         method = getattr(slot.handle, probe_capability(self.probe.kind))
         call = method.remote(
-            slot.manifest.prompts[spec.prompt_set], prompt_set=spec.prompt_set, positions=spec.positions
+            slot.manifest.prompt_list(spec.prompt_set), prompt_set=spec.prompt_set, positions=spec.positions
         )
         return call, slot.manifest.run.shard_timeout_s
 
@@ -172,17 +178,17 @@ class Perf(Work):
 
     def submit(self, slot: ActorSlot) -> tuple[Any, float]:
         scenario = self.level.scenario
-        prompts = slot.manifest.prompts[scenario.prompt_set] if scenario.prompt_set else None
+        prompts = slot.manifest.prompt_list(scenario.prompt_set) if scenario.prompt_set else None
         return slot.handle.perf.remote(scenario, self.level.level, prompts), slot.manifest.run.shard_timeout_s
 
     def on_result(self, loop: Loop, run: ModelRun, name: str, result: PerfResult) -> None:
         loop.store.write("perf_requests", self.level.run_id, result.requests)
         loop.store.write("perf_levels", self.level.run_id, result.level)
-        loop.bar.update(1)
+        loop.bar.update(1, model=run.model.name)
 
     def on_abandon(self, loop: Loop, run: ModelRun, name: str, reason: str) -> None:
         loop.outcome.failed_shards[self.level.run_id] = reason
-        loop.bar.update(1)
+        loop.bar.update(1, model=run.model.name)
 
 
 def _non_finite(tokens: pa.Table) -> bool:

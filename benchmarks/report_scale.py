@@ -1,0 +1,98 @@
+"""`fleet report` over a 10-million-token-row run, built from a real run by replication: every
+prompt of the source run's parity tables is copied under new ids (`<id>~<k>`) until the tokens
+table holds `--rows` rows; the other tables are copied once. Then `fleet report --top 20` runs in
+a fresh process; printed: its wall time, its peak RSS, and the data's size (Parquet on disk, and
+the tokens table in memory as Arrow, estimated from one replica batch).
+
+    .venv/bin/python benchmarks/report_scale.py SOURCE_RUN [--rows 10000000]
+
+SOURCE_RUN: a finished run directory (e.g. one of `make demo`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT))
+PARITY = ("requests", "tokens", "shards")
+
+
+def replicate(source: Path, dest: Path, *, rows: int, batch: int = 256) -> tuple[int, int, float]:
+    """Write the replicated run to `dest`; (token rows, prompts per target, tokens' Arrow bytes)."""
+    import polars as pl
+
+    from fleet.results import reader
+    from fleet.results.store import RunStore
+
+    info = reader.read_info(source)
+    tables = {name: frame.collect() for name, frame in reader.load(source).items()}
+    store = RunStore.create(dest, info | {"run_id": dest.name})
+    for name, frame in tables.items():
+        if name not in PARITY and frame.height:
+            for i, ((model, target), part) in enumerate(frame.group_by("model", "target")):
+                store.write(name, f"{model}/{target}/copy/{i:05d}", part.to_arrow())
+    copies = -(-rows // tables["tokens"].height)
+    arrow_bytes = 0.0
+    for first in range(0, copies, batch):
+        ks = pl.DataFrame({"_k": list(range(first, min(first + batch, copies)))})
+        for name in PARITY:
+            frame = tables[name].join(ks, how="cross")
+            key = "shard_id" if name == "shards" else "prompt_id"
+            frame = frame.with_columns(pl.col(key) + "~" + pl.col("_k").cast(pl.String)).drop("_k")
+            if "shard_id" in frame.columns and name != "shards":
+                frame = frame.with_columns(pl.col("shard_id") + "~" + pl.col(key).str.split("~").list.last())
+            for (model, target), part in frame.group_by("model", "target"):
+                store.write(name, f"{model}/{target}/copy/{first // batch:05d}", part.to_arrow())
+            if name == "tokens":
+                arrow_bytes += frame.to_arrow().nbytes
+    store.update_info(status="complete")
+    prompts = tables["requests"].group_by("target").len()["len"].max()
+    return copies * tables["tokens"].height, int(prompts) * copies, arrow_bytes  # type: ignore[arg-type]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", type=Path)
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--top", type=int, default=20)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="fleet-report-scale-"))
+    dest = tmp / "replicated"
+    t0 = time.perf_counter()
+    n_rows, n_prompts, arrow_bytes = replicate(args.source, dest, rows=args.rows)
+    disk = sum(f.stat().st_size for f in dest.rglob("*.parquet"))
+    print(
+        f"built {dest}: {n_rows:,} token rows ({n_prompts:,} prompts per target) from {args.source} "
+        f"in {time.perf_counter() - t0:.0f} s; Parquet {disk / 1e6:,.1f} MB on disk, "
+        f"tokens {arrow_bytes / 1e6:,.0f} MB as Arrow in memory"
+    )
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet", "report", str(dest), "--top", str(args.top)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    wall = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    lines = proc.stdout.count("\n")
+    print(
+        f"fleet report --top {args.top}: {wall:.1f} s, peak RSS {peak:,.0f} MB, {lines:,} lines printed, "
+        f"exit {proc.returncode} (goal: <= 5 s, memory well under the data size)"
+    )
+    if proc.returncode not in (0, 3, 4):
+        print(proc.stderr[-2000:])
+    print(json.dumps({"wall_s": wall, "peak_rss_mb": peak, "token_rows": n_rows, "lines": lines}))
+
+
+if __name__ == "__main__":
+    main()
