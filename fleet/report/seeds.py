@@ -294,9 +294,12 @@ def _openelm(r: RunReport, std: dict[str, Section]) -> list[Section]:
             "prompt_set",
             "prompt_id",
             expected=pl.col("expected").map_elements(_expected_value, return_dtype=pl.String),
+            # The chat turns where the requests table keeps them; else the prompt as rendered.
             question=pl.when(pl.col("messages").is_null())
             .then(pl.col("prompt"))
-            .otherwise(pl.col("messages").map_elements(_question, return_dtype=pl.String)),
+            .otherwise(pl.col("messages").map_elements(_question, return_dtype=pl.String))
+            if "messages" in req.columns
+            else pl.col("prompt"),
         )
         examples = r.sequences.join(expected, on=["model", "prompt_set", "prompt_id"], how="inner")
     ex_cols = {"target": "candidate", "prompt_id": "problem", "question": "input", "expected": "expected output"}
