@@ -138,3 +138,10 @@ def test_after_runs_a_target_only_once_its_gate_passed(local_ray: object, tmp_pa
     assert outcome.failures["m/real"].startswith("not run: gate did not pass (")
     assert outcome.failures["m/later"].startswith("not run: real did not pass (not run: gate")
     assert {s for s in outcome.failed_shards if s.startswith("m/real/")} == {"m/real/p/00000"}
+
+
+def test_a_generated_line_separator_cannot_split_a_table_row() -> None:
+    from fleet.report.table import escape
+
+    text = "a\nb\x0bc\x0cd\x1ce\x85f\u2028g\u2029h\r\ni|j"
+    assert len(escape(text).splitlines()) == 1 and "\\|" in escape(text)

@@ -39,6 +39,9 @@ CASES: dict[str, list[str]] = {
         "models.0.source.num_layers=2",
         "models.0.max_model_len=512",
         "targets.3.matrix={engine_args.enable_chunked_prefill: [true, false]}",
+        "targets.3.num_cpus=1",  # one rank each: the session's Ray has 2 CPU slots beside the reference's 1
+        "gates.0.targets=[stage-b-real, vllm.enable_chunked_prefill-true, vllm.enable_chunked_prefill-false]",
+        "gates.1.targets=[stage-b-real]",
         *SMALL_PERF,
         "perf.0.input_tokens=16",
         "perf.1.input_tokens=64",

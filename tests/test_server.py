@@ -79,13 +79,15 @@ def server(local_ray: Any) -> Iterator[tuple[Any, dict[str, str]]]:
     local_ray.kill(actor)
 
 
-def test_smoke_checks_pass_on_both_routes(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
+def test_smoke_checks_pass_on_every_route(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
     rows = engine_call(local_ray, server[0], lambda e: e.smoke()).to_pylist()
     assert [(r["check"], r["passed"], r["status"]) for r in rows] == [
+        ("models", True, 200),  # readiness: the served model is listed
         ("completions", True, 200),
         ("chat/completions", True, 200),
     ]
-    assert all('"choices"' in r["response"] and r["error"] is None for r in rows)
+    assert '"data"' in rows[0]["response"]
+    assert all('"choices"' in r["response"] for r in rows[1:]) and all(r["error"] is None for r in rows)
 
 
 def test_the_server_processes_run_with_the_actors_threads(server: tuple[Any, dict[str, str]]) -> None:

@@ -289,11 +289,20 @@ def _openelm(r: RunReport, std: dict[str, Section]) -> list[Section]:
     examples = None
     if r.accuracy is not None:
         req = r.tables["requests"].filter(pl.col("target") == r.reference)
-        expected = req.select("model", "prompt_set", "prompt_id", "expected").filter(pl.col("expected").is_not_null())
-        examples = r.sequences.join(expected, on=["model", "prompt_set", "prompt_id"], how="inner").with_columns(
-            expected=pl.col("expected").map_elements(_expected_value, return_dtype=pl.String)
+        expected = req.filter(pl.col("expected").is_not_null()).select(
+            "model",
+            "prompt_set",
+            "prompt_id",
+            expected=pl.col("expected").map_elements(_expected_value, return_dtype=pl.String),
+            # The chat turns where the requests table keeps them; else the prompt as rendered.
+            question=pl.when(pl.col("messages").is_null())
+            .then(pl.col("prompt"))
+            .otherwise(pl.col("messages").map_elements(_question, return_dtype=pl.String))
+            if "messages" in req.columns
+            else pl.col("prompt"),
         )
-    ex_cols = {"target": "candidate", "prompt_id": "problem", "prompt": "input", "expected": "expected output"}
+        examples = r.sequences.join(expected, on=["model", "prompt_set", "prompt_id"], how="inner")
+    ex_cols = {"target": "candidate", "prompt_id": "problem", "question": "input", "expected": "expected output"}
     ex_cols |= {"ref_text": "reference output", "ref_correct": "reference status"}
     ex_cols |= {"cand_text": "candidate output", "cand_correct": "status"}
     perf = _scenarios(r, lambda s: True)
@@ -302,10 +311,16 @@ def _openelm(r: RunReport, std: dict[str, Section]) -> list[Section]:
     return [
         _s("overview", "Model overview (architecture)", std["architecture"].blocks),
         _s("accuracy", "Precision comparison: GSM8K-format benchmark", _t(r.accuracy, acc_cols)),
-        _s("examples", "Test case examples", _t(examples, ex_cols, wrap=("prompt", "ref_text", "cand_text"))),
+        _s("examples", "Test case examples", _t(examples, ex_cols, wrap=("question", "ref_text", "cand_text"))),
         _s("perf", "Performance benchmark", [*_t(perf, perf_cols), _conditions(r)] if perf is not None else []),
         _s("verdict", "Verification results (gates)", std["gates"].blocks, std["gates"].absent),
     ]
+
+
+def _question(messages: str) -> str:
+    """The last user turn of a chat prompt: what was asked, without the template around it."""
+    turns = [m["content"] for m in json.loads(messages) if m.get("role") == "user"]
+    return turns[-1] if turns else messages
 
 
 def _expected_value(rule: str) -> str:

@@ -26,9 +26,14 @@ def cell(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+# Every character str.splitlines() breaks a line at (a model can generate \x0b or U+2028): any of
+# them left in a cell would end the table row there.
+_BREAKS = str.maketrans({"\r": ""} | dict.fromkeys("\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029", "⏎"))
+
+
 def escape(text: str) -> str:
     """`text` as the content of one pipe-table cell."""
-    return text.replace("|", "\\|").replace("\r", "").replace("\n", "⏎")
+    return text.replace("|", "\\|").translate(_BREAKS)
 
 
 def markdown(
