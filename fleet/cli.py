@@ -221,10 +221,14 @@ def _run_dir(run: str, results: str) -> str:
     except ValueError as e:
         msg = f"{cut(run, 200)}: {e}"
         raise UserError(msg) from None
-    if is_run(run):
-        return run
-    if "://" not in run and "/" not in run and is_run(candidate := str(join(results, run))):
-        return candidate
+    try:
+        if is_run(run):
+            return run
+        if "://" not in run and "/" not in run and is_run(candidate := str(join(results, run))):
+            return candidate
+    except OSError as e:  # a name too long for the file system, storage that does not answer
+        msg = f"{cut(run, 200)}: cannot read it: {cut(str(e), 120)}"
+        raise UserError(msg) from None
     msg = f"{cut(run, 200)}: not a run directory, nor a run id under {cut(results, 200)}"
     msg += f" (fleet runs {cut(results, 200)} lists them)"
     raise UserError(msg)
