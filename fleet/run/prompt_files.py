@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +20,25 @@ def builtin_names() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.jsonl"))
 
 
-def read_jsonl(path: Path, set_name: str) -> list[dict[str, Any]]:
-    """Rows of a prompts file; errors name the file and line."""
+def _json_lines(path: Path, set_name: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line of a JSONL file; errors name the file and line."""
     if not path.is_file():
         msg = f"prompt set {set_name!r}: prompts file not found: {path}"
         raise ValueError(msg)
-    rows = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            yield lineno, json.loads(line)
         except json.JSONDecodeError as e:
             msg = f"prompt set {set_name!r}: {path}:{lineno}: not JSON ({e.msg})"
             raise ValueError(msg) from None
+
+
+def read_jsonl(path: Path, set_name: str) -> list[dict[str, Any]]:
+    """Rows of a prompts file; errors name the file and line."""
+    rows = []
+    for lineno, row in _json_lines(path, set_name):
         if not isinstance(row, dict) or "id" not in row or not {"prompt", "messages"} & set(row):
             msg = f"prompt set {set_name!r}: {path}:{lineno}: expected an object with 'id' and 'prompt' or 'messages'"
             raise ValueError(msg)
@@ -49,18 +55,8 @@ _GSM8K_FINAL = re.compile(r"####\s*(-?[\d,]*\.?\d+)\s*$")
 def read_gsm8k(path: Path, set_name: str) -> list[dict[str, Any]]:
     """A GSM8K-format JSONL file (the benchmark's own test.jsonl works as is) as chat prompts with
     the answer after `####` as the expected number; ids are the 1-based line numbers unless given."""
-    if not path.is_file():
-        msg = f"prompt set {set_name!r}: prompts file not found: {path}"
-        raise ValueError(msg)
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            msg = f"prompt set {set_name!r}: {path}:{lineno}: not JSON ({e.msg})"
-            raise ValueError(msg) from None
+    for lineno, row in _json_lines(path, set_name):
         final = _GSM8K_FINAL.search(str(row.get("answer", ""))) if isinstance(row, dict) else None
         if not isinstance(row, dict) or not isinstance(row.get("question"), str) or final is None:
             msg = f"prompt set {set_name!r}: {path}:{lineno}: expected GSM8K's {{question, answer: '... #### N'}}"
