@@ -27,6 +27,7 @@ class TargetActor:
     def __init__(self, target: TargetArgs, model: ModelSpec, sampling: Sampling) -> None:
         from actors import threads
         from actors.devices import pin_visible_devices
+        from actors.reaper import guard_children
         from actors.sources import resolver, weights_digest
 
         if not target.spans_nodes:  # over several nodes the actor holds no card; vLLM's workers do
@@ -37,6 +38,7 @@ class TargetActor:
         path = source.local_dir()
         self.model = ResolvedModel(model, path, weights_digest(path), source.resolved_revision())
         self.engine = engine_class(target.kind)(target, self.model, sampling=sampling)
+        guard_children()  # the engine's processes (a card's engine core, TP ranks) die with this actor
 
     def generate(self, shard: Shard) -> Generation:
         return self.engine.generate(shard.loaded())  # a file's rows are read here, not in the driver
