@@ -27,13 +27,16 @@ demo: setup
 	$(PY) -m fleet run manifests/demo.yaml
 
 lint: setup
-	$(VENV)/bin/ruff check fleet actors tests benchmarks
-	$(VENV)/bin/ruff format --check fleet actors tests benchmarks
+	$(VENV)/bin/ruff check fleet actors tests benchmarks scripts
+	$(VENV)/bin/ruff format --check fleet actors tests benchmarks scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports  # the layers: contracts <- actors, contracts <- fleet (pyproject.toml)
 
+# Two legs: the suite, then the engine paths again in a GPU / NPU's process layout on CPU engines
+# (tests/test_accelerator_layout.py: the engine core in a child process).
 test: lint browser
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -m "not accelerator_layout"
+	$(VENV)/bin/pytest -m accelerator_layout
 
 # The HTML report is tested in a real headless Chromium (Debian's); without root the test skips.
 browser:
