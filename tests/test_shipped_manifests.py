@@ -43,3 +43,21 @@ def test_the_two_node_model_needs_two_atlas_nodes() -> None:
     halves = {"CPU": 192.0, "NPU": 4.0}
     with pytest.raises(RuntimeError, match="needs 2 stages of 8 cards, each stage on one node"):
         check_fits(m, {"CPU": 576.0, "NPU": 16.0}, [ATLAS_NODE, halves, halves])
+
+
+def test_the_card_check_says_what_it_needs_and_skips_without_a_card() -> None:
+    import subprocess
+    import sys
+
+    root = MANIFESTS[0].parents[1]
+    for device, needs in (("npu", "vllm-ascend, torch, torch-npu"), ("cuda", "vllm, torch, transformers")):
+        proc = subprocess.run(
+            [sys.executable, str(root / "scripts" / "card_check.py"), "--device", device],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert needs in proc.stdout and f"skipped: no {device} card on this machine" in proc.stdout
+    m = load(root / "manifests" / "card.yaml", overrides=["targets.1.device=cuda"])
+    assert m.target("vllm-card-bf16").device == "cuda"
