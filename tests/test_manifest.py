@@ -64,6 +64,14 @@ def test_cpu_vllm_targets_get_cpu_engine_defaults(tmp_path: Path) -> None:
     assert m.target("cand").ray_resources() == {"num_cpus": 1.0}
 
 
+def test_card_vllm_targets_keep_vllms_own_process_layout(tmp_path: Path) -> None:
+    # On a card vLLM's engine core runs in a child process (its default); what only vLLM's CPU
+    # build needs stays off. tests/test_accelerator_layout.py runs this layout on CPU engines.
+    for device in ("npu", "cuda"):
+        m = load(write(tmp_path, GOOD.replace("kind: vllm, device: cpu", f"kind: vllm, device: {device}")))
+        assert m.target("cand").actor_env() == {}
+
+
 def test_card_resources_per_device(tmp_path: Path) -> None:
     m = load(write(tmp_path, GOOD.replace("kind: vllm, device: cpu", "kind: vllm, device: npu")))
     assert m.target("cand").ray_resources() == {"num_cpus": 1.0, "resources": {"NPU": 1}}

@@ -344,3 +344,18 @@ def test_the_reference_outlives_its_own_failed_call_while_candidates_generate(cl
     assert sorted(d for _, m, d in calls(cluster, "score")) == sorted(
         f"m1/{c}/p/{i:05d}" for c in ("vl", "ep") for i in range(SHARDS_PER_TARGET)
     )
+
+
+def test_only_cpu_perf_levels_take_the_host_to_themselves() -> None:
+    # A card's perf level times the card, which no other target shares: it runs beside the rest.
+    from fleet.contracts.spec import Scenario
+    from fleet.contracts.targets import VllmArgs
+    from fleet.run.plan import PerfRun
+    from fleet.run.slots import ActorSlot
+    from fleet.run.work import Perf
+
+    level = Perf(
+        level=PerfRun("m", "v", Scenario(name="s", concurrency=[1], input_tokens=8, output_tokens=4, num_requests=2), 1)
+    )
+    alone = {d: ActorSlot(VllmArgs(name="v", device=d), None, None).runs_alone(level) for d in ("cpu", "cuda", "npu")}  # type: ignore[arg-type]
+    assert alone == {"cpu": True, "cuda": False, "npu": False}
