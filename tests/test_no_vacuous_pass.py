@@ -8,17 +8,22 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 from test_analysis import REF, _frame, _req, _tok
+from test_compare import DIVERGED, SAME, write_run
 from test_perf import _request
 
+from fleet import cli
 from fleet.analysis import gates, probes, ties
 from fleet.analysis import parity as analysis
 from fleet.analysis import perf as fleet_perf
 from fleet.contracts import schema
+from fleet.report.model import RunReport
+from fleet.results.store import RunStore
 
 NAN = math.nan
 
@@ -148,3 +153,46 @@ def test_b_teacher_forced_and_first_step_top1_are_tie_aware() -> None:
     assert row["tf_top1_agreement"] == 1.0
     assert row["first_top1_agreement"] == 1.0
     assert analysis.first_step(tokens, REF)["top1_match"].to_list() == [True]
+
+
+# --- c. an incomplete pair fails its gates; exit 4 before 3 ---------------------------------------
+
+FIRST_TOP1 = [{"metric": "first_top1_agreement", "op": ">=", "threshold": 1.0}]
+
+
+def test_c_failed_shards_fail_the_gates_and_exit_4_on_a_partial_run(tmp_path: Path) -> None:
+    """cand lost its shard with p2: on p1 alone it agrees, so the gate passed and the exit was 3."""
+    run = write_run(tmp_path / "r", {"cand": {"p1": SAME["p1"]}}, gate_specs=FIRST_TOP1)
+    RunStore(run).update_info(status="partial", failed_shards={"m/cand/s/00001": "engine died"})
+    report = RunReport.build(run)
+    [row] = report.verdicts.to_dicts()  # type: ignore[union-attr]
+    assert row["verdict"] == "FAIL" and "failed shard m/cand/s/00001" in row["reason"]
+    assert "1 of the reference's 2 prompts missing" in row["reason"]
+    assert cli.main(["report", str(run)]) == cli.EXIT_GATES
+
+
+def test_c_missing_rows_fail_the_gates_even_when_nothing_is_recorded_as_failed(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "r", {"cand": {"p1": SAME["p1"]}}, gate_specs=FIRST_TOP1)
+    assert RunReport.build(run).gates_passed is False
+    assert cli.main(["report", str(run)]) == cli.EXIT_GATES
+
+
+def test_c_a_failed_reference_leaves_its_candidates_incomplete(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "r", {"cand": SAME}, gate_specs=FIRST_TOP1)
+    RunStore(run).update_info(status="partial", failed_shards={"m/ref/s/00001": "out of memory"})
+    assert RunReport.build(run).gates_passed is False
+
+
+def test_c_partial_without_a_failed_gate_is_still_3(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "r", {"cand": SAME, "other": SAME}, gate_specs=[FIRST_TOP1[0] | {"targets": ["cand"]}])
+    RunStore(run).update_info(status="partial", failed_shards={"m/other/s/00000": "engine died"})
+    assert RunReport.build(run).gates_passed is True
+    assert cli.main(["report", str(run)]) == cli.EXIT_PARTIAL
+
+
+def test_c_exit_4_takes_precedence_over_3(tmp_path: Path) -> None:
+    """A gate fails on cand's own figures while `other` lost a shard: exit 4 (it was 3)."""
+    gate = {"metric": "seq_match_rate", "op": ">=", "threshold": 1.0, "targets": ["cand"]}
+    run = write_run(tmp_path / "r", {"cand": DIVERGED, "other": SAME}, gate_specs=[gate])
+    RunStore(run).update_info(status="partial", failed_shards={"m/other/s/00009": "engine died"})
+    assert cli.main(["report", str(run)]) == cli.EXIT_GATES
