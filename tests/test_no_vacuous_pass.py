@@ -18,7 +18,7 @@ from test_compare import DIVERGED, SAME, write_run
 from test_perf import _request
 
 from fleet import cli
-from fleet.analysis import gates, probes, ties
+from fleet.analysis import gates, probes, query, ties
 from fleet.analysis import parity as analysis
 from fleet.analysis import perf as fleet_perf
 from fleet.contracts import schema
@@ -196,3 +196,27 @@ def test_c_exit_4_takes_precedence_over_3(tmp_path: Path) -> None:
     run = write_run(tmp_path / "r", {"cand": DIVERGED, "other": SAME}, gate_specs=[gate])
     RunStore(run).update_info(status="partial", failed_shards={"m/other/s/00009": "engine died"})
     assert cli.main(["report", str(run)]) == cli.EXIT_GATES
+
+
+# --- f. `fleet query` views use the manifest's parity settings ------------------------------------
+
+
+def test_f_query_views_use_the_manifests_near_tie_nats(tmp_path: Path) -> None:
+    """test_divergence's run: its 0.01-nat flip is a near tie against the candidate's own noise
+    (4.4 nats), a divergence against the manifest's 0.005; the report said one, the query the other."""
+    from test_compare import _table
+    from test_divergence import _run
+
+    requests, tokens = _run()
+    info = {"run_id": "r", "reference": REF, "manifest_resolved": {"parity": {"near_tie_nats": 0.005}}}
+    store = RunStore.create(tmp_path / "r", info)
+    weights = pl.lit("w").alias("model_weights")
+    for target in (REF, "vllm"):
+        shard = f"m/{target}/s/00000"
+        mine = pl.col("target") == target
+        reqs = requests.filter(mine).with_columns(weights, shard_id=pl.lit(shard)).to_dicts()
+        store.write("requests", shard, _table(schema.REQUESTS, reqs))
+        store.write("tokens", shard, _table(schema.TOKENS, tokens.filter(mine).with_columns(weights).to_dicts()))
+    kinds = dict(query.query(tmp_path / "r", "SELECT prompt_id, kind FROM divergences").rows())
+    assert kinds["tie"] == "divergence"
+    assert query.query(tmp_path / "r", "SELECT real_divergences FROM parity").item() == 3
