@@ -220,3 +220,16 @@ def test_f_query_views_use_the_manifests_near_tie_nats(tmp_path: Path) -> None:
     kinds = dict(query.query(tmp_path / "r", "SELECT prompt_id, kind FROM divergences").rows())
     assert kinds["tie"] == "divergence"
     assert query.query(tmp_path / "r", "SELECT real_divergences FROM parity").item() == 3
+
+
+# --- d. 003's seed report says "passed" only for a stage whose gates passed ------------------------
+
+
+def test_d_seed_stages_say_passed_only_when_the_gates_passed(tmp_path: Path) -> None:
+    from fleet.report.seeds import _stages
+
+    gate = {"metric": "seq_match_rate", "op": ">=", "threshold": 1.0}
+    run = write_run(tmp_path / "r", {"cand": DIVERGED, "good": SAME}, gate_specs=[gate])
+    [block] = _stages(RunReport.build(run))
+    results = dict(zip(block.frame["target"], block.frame["result"], strict=True))  # type: ignore[attr-defined]
+    assert results == {"cand": "gates failed: seq_match_rate >= 1", "good": "passed"}

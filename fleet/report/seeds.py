@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 
 from fleet.analysis import probes
-from fleet.report.model import RunReport
+from fleet.report.model import RunReport, stage_result
 from fleet.report.sections import NOT_MEASURED, Block, Section, Table, sections
 
 _SEQ = {
@@ -271,7 +271,7 @@ def _stages(r: RunReport) -> list[Block]:
                     "after": t.get("after"),
                     "started": key in provenance and key not in failures,
                     "smoke": checks,
-                    "result": failures.get(key) or ("passed" if key in provenance else "not run"),
+                    "result": stage_result(r, model, t["name"]),
                 }
             )
     frame = pl.DataFrame(rows, schema=dict.fromkeys(["model", "target", "weights", "after"], pl.String)
