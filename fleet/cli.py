@@ -149,7 +149,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(msg)
     if args.check:
         return _check(args)
-    from fleet.report.model import gates_failed
+    from fleet.report.stages import gates_failed
 
     common["gates_of"] = gates_failed  # `after:` waits for the gates of the target it follows
     if args.resume is not None:

@@ -17,8 +17,9 @@ import numpy as np
 import polars as pl
 
 from fleet.analysis import probes
-from fleet.report.model import RunReport, stage_result
+from fleet.report.model import RunReport
 from fleet.report.sections import NOT_MEASURED, Block, Section, Table, sections
+from fleet.report.stages import stage_result
 
 _SEQ = {
     "target": "candidate",
