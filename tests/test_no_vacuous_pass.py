@@ -1,5 +1,5 @@
-"""Issue 19 item 5, "no vacuous PASS": each hole where a gate could pass on nothing, closed. Every
-test here failed on the code before the fix (checked with the fix stashed).
+"""Issue 19 item 5, "no vacuous PASS": each hole where a gate could pass on nothing, closed. Each
+hole has a test here that failed on the code before the fix (checked with the fix stashed).
 
 * a. a NaN in any summary's rows makes the figure missing (null), which a gate fails as "not measured";
 * b. top-1 and top-k matching are tie-aware, so a tie is a hit whatever the token ids;
