@@ -38,11 +38,12 @@ test: lint browser
 	$(VENV)/bin/pytest -m "not accelerator_layout"
 	$(VENV)/bin/pytest -m accelerator_layout
 
-# The HTML report is tested in a real headless Chromium (Debian's); without root the test skips.
+# The HTML report is tested in a real headless Chromium: Debian's package, installed here as root.
+# Without it the browser tests skip, which .ci/run does not allow (.ci/allowed-skips).
 browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
-	  echo "chromium not installed: the browser test will skip"
+	  echo "chromium not installed: the browser tests will skip (and fail .ci/run, which allows no such skip)"
 
 clean:
 	rm -rf $(VENV)

@@ -9,8 +9,10 @@
     fleet run --check MANIFEST | --check --resume RUN_DIR   everything before Ray starts, nothing written
 
 Exit codes: 0 done (and every gate passed); 2 bad input (one message of at most 3 lines, no
-traceback, nothing written); 3 the run finished but some model/target/shard failed; 4 a gate
-failed; 1 a bug in fleet-eval (its traceback, and a line saying so).
+traceback, nothing written); 3 the run finished but some model/target/shard failed (and no gate
+failed); 4 a gate failed, partial run or not (a gate of an incomplete model/target fails); 1 a bug
+in fleet-eval (its traceback, and a line saying so). 4 takes precedence over 3: a CI job that
+treats 3 as "retry" must not retry a port whose gates failed.
 """
 
 from __future__ import annotations
@@ -147,6 +149,9 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(msg)
     if args.check:
         return _check(args)
+    from fleet.report.stages import gates_failed
+
+    common["gates_of"] = gates_failed  # `after:` waits for the gates of the target it follows
     if args.resume is not None:
         run_dir, _ = driver.resume(args.resume, **common)
     else:
@@ -241,9 +246,9 @@ def _summarize(run_dir: str | Path, chosen: list[Gate] | None = None, *, top: in
 
     report = RunReport.build(run_dir, gates=chosen, top=top)
     print(text.render(report))
-    if not report.complete:
-        return report, EXIT_PARTIAL
-    return report, EXIT_GATES if report.gates_passed is False else EXIT_OK
+    if report.gates_passed is False:  # before partial: a failed gate is the verdict, whatever else failed
+        return report, EXIT_GATES
+    return report, EXIT_OK if report.complete else EXIT_PARTIAL
 
 
 def _compare(args: argparse.Namespace) -> int:

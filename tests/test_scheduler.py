@@ -346,6 +346,62 @@ def test_the_reference_outlives_its_own_failed_call_while_candidates_generate(cl
     )
 
 
+AFTER = """
+models: [{name: m1, source: {kind: synthetic, seed: 1}}]
+prompts: {p: [{id: a, prompt: "one"}, {id: b, prompt: "two"}, {id: c, prompt: "three"}]}
+targets:
+  - {name: ref, kind: hf}
+  - {name: vl, kind: vllm}
+  - {name: ep, kind: endpoint, base_url: "http://127.0.0.1:9/v1", after: vl}
+reference: ref
+sampling: {max_tokens: 3, logprobs: 2}
+run: {shard_size: 2}
+"""
+
+
+@pytest.mark.parametrize("verdict", [None, "gates failed: seq_match_rate >= 1"])
+def test_after_waits_for_the_gates_of_the_target_it_follows(
+    cluster: Cluster, tmp_path: Path, verdict: str | None
+) -> None:
+    """Issue 19, 5d: `after:` used to wait only for the target to have finished without failing.
+    Now its gates are asked once every row of it is scored and on disk, and a failing gate keeps
+    its dependant from running."""
+    asked: list[tuple[str, str, int]] = []
+
+    def gates_of(run_dir: str | Path, model: str, target: str) -> str | None:
+        tokens = reader.load(run_dir)["tokens"].collect().filter(pl.col("target") == target)
+        asked.append((model, target, tokens["ref_logprob"].null_count()))
+        assert set(tokens["prompt_id"]) == {"a", "b", "c"}  # both shards scored and written
+        return verdict
+
+    path = tmp_path / "m.yaml"
+    path.write_text(AFTER)
+    _, outcome = driver.run(path, results_dir=tmp_path / "r", run_id="r", progress=False, gates_of=gates_of)
+    assert asked == [("m1", "vl", 0)]
+    ep_calls = calls(cluster, "describe")
+    if verdict is None:
+        assert not outcome.failures and ("ep", "describe", "") in ep_calls
+        # ep started only after the reference had scored vl's last shard.
+        sends = [e for e in cluster.log if e[0] == "send"]
+        last_score = max(i for i, e in enumerate(sends) if e[3] == "score" and e[4].startswith("m1/vl/"))
+        assert sends.index(("send", "m1", "ep", "describe", "")) > last_score
+        return
+    assert outcome.failures["m1/ep"] == f"not run: vl did not pass ({verdict})"
+    assert ("ep", "describe", "") not in ep_calls
+
+
+def test_fleet_run_checks_the_followed_targets_gates(cluster: Cluster, tmp_path: Path) -> None:
+    """Through the CLI: vl's gate cannot pass, so ep (after: vl) is not run, and the exit is 4."""
+    from fleet import cli
+
+    path = tmp_path / "m.yaml"
+    path.write_text(AFTER + 'gates: [{metric: seq_match_rate, op: ">=", threshold: 2.0, targets: [vl]}]\n')
+    code = cli.main(["run", str(path), "--results", str(tmp_path / "r"), "--run-id", "r", "--no-progress"])
+    info = json.loads((tmp_path / "r" / "r" / "run.json").read_text())
+    assert info["failures"]["m1/ep"].startswith("not run: vl did not pass (gates failed: seq_match_rate >= 2")
+    assert code == cli.EXIT_GATES and info["gates"] == "FAIL"
+
+
 def test_only_cpu_perf_levels_take_the_host_to_themselves() -> None:
     # A card's perf level times the card, which no other target shares: it runs beside the rest.
     from fleet.contracts.spec import Scenario

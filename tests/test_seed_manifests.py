@@ -145,3 +145,30 @@ def test_a_generated_line_separator_cannot_split_a_table_row() -> None:
 
     text = "a\nb\x0bc\x0cd\x1ce\x85f\u2028g\u2029h\r\ni|j"
     assert len(escape(text).splitlines()) == 1 and "\\|" in escape(text)
+
+
+def test_004_gates_cannot_pass_on_a_reference_that_solves_nothing() -> None:
+    """004's only gate was the accuracy delta; with the reference at 1 of 54 (the README's run) the
+    worst delta, -1.9 points, passes -3.8 whatever the candidate does. Now the reference's own
+    accuracy is gated (>= 3 of 54), and parity too."""
+    from fleet.analysis import gates
+
+    m = manifest.load(REPORTS / "004-openelm-3b.yaml")
+    assert {"first_top1_agreement_excl_ties", "tf_p99_abs_logprob_diff"} <= {g.metric for g in m.gates}
+    accuracy = pl.DataFrame(
+        {"model": "smollm2-135m", "target": ["hf-cpu-fp32", "vllm-cpu-bf16"], "accuracy_pct": [100 / 54, 0.0]}
+    ).with_columns(task_accuracy_delta=pl.col("accuracy_pct") - 100 / 54)
+    mine = [g for g in m.gates if g.metric in ("task_accuracy_delta", "accuracy_pct")]
+    verdicts = gates.evaluate(mine, accuracy.select("model", "target"), accuracy, run_dir="/r", reference=m.reference)
+    by_metric = dict(zip(verdicts["metric"], verdicts["verdict"], strict=True))
+    assert by_metric == {"task_accuracy_delta": "PASS", "accuracy_pct": "FAIL"}
+    solves_three = accuracy.with_columns(accuracy_pct=pl.Series([300 / 54, 0.0])).with_columns(
+        task_accuracy_delta=pl.col("accuracy_pct") - 300 / 54
+    )
+    verdicts = gates.evaluate(
+        mine, accuracy.select("model", "target"), solves_three, run_dir="/r", reference=m.reference
+    )
+    assert dict(zip(verdicts["metric"], verdicts["verdict"], strict=True)) == {
+        "task_accuracy_delta": "FAIL",  # a candidate that loses all three is caught now
+        "accuracy_pct": "PASS",
+    }

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from fleet.analysis.missing import no_nan
 from fleet.analysis.parity import CAND, RUN, Frame, sequences, split
 
 _F64 = pl.Float64
@@ -36,7 +37,7 @@ def noise(tokens: Frame, reference: str) -> pl.DataFrame:
     diff = (pl.col("logprob").cast(_F64) - pl.col("ref_logprob").cast(_F64)).abs()
     return (
         cand.group_by(RUN)
-        .agg(tf_p99_abs_logprob_diff=diff.quantile(NOISE_QUANTILE, interpolation="linear"))
+        .agg(tf_p99_abs_logprob_diff=no_nan(diff, diff.quantile(NOISE_QUANTILE, interpolation="linear")))
         .sort(RUN)
         .collect()
     )

@@ -5,7 +5,10 @@ registered in METRICS), an operator and a threshold, e.g. `pearson_r >= 0.99`. W
 the threshold is a factor of a stored value: `output_tok_s >= 0.95 x 948.3`. Every verdict row
 says what was measured, against what, and `evidence`: a Polars expression that reads the stored
 rows the metric was computed from, so a FAIL can be checked by hand. A metric that could not be
-measured (null, NaN, or no result for the target at all) is a FAIL with a reason, never a PASS.
+measured (null, NaN, or no result for the target at all) is a FAIL with a reason, never a PASS,
+and so is every gate of a (model, target) whose run is incomplete (`incomplete`): a failed target
+or shard, or prompts the reference answered and the candidate did not. Metrics are computed on
+the rows both sides have, so without that check a partial run would pass on what it kept.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ def evaluate(
     expected: Iterable[tuple[str, str]] = (),
     extra: Sequence[pl.DataFrame] = (),
     doubles: Iterable[str] = (),
+    incomplete: Mapping[tuple[str, str], str] | None = None,
 ) -> pl.DataFrame:
     """One verdict row per gate x selected (model, target), columns VERDICT_COLUMNS + evidence.
 
@@ -87,8 +91,10 @@ def evaluate(
     targets, so a target that failed outright is a FAIL rather than absent), minus the reference
     unless a gate names it. `extra` holds probe frames keyed by model/target with metric columns.
     `doubles` are targets that ran the test double (no model): no gate passes on one of them, or
-    on anything compared with a test-double reference.
+    on anything compared with a test-double reference. `incomplete` maps a (model, target) to why
+    its results are incomplete (see `incomplete`): each of its gates fails with that reason.
     """
+    incomplete = incomplete or {}
     doubles = set(doubles)
     measured: dict[tuple[str, str, str], Any] = {}
     for frame in (parity_df, throughput_df, *extra):
@@ -102,6 +108,9 @@ def evaluate(
         for model, target in _selected(gate, pairs, reference):
             value = measured.get((model, target, gate.key))
             rows.append(_verdict(gate, model, target, value, (model, target) in with_results))
+            why = incomplete.get((model, target))
+            if why is not None and rows[-1]["verdict"] == "PASS":
+                rows[-1] |= {"verdict": "FAIL", "reason": f"incomplete, never a PASS: {why}"}
             double = next((t for t in (target, reference) if t in doubles), None)
             if double is not None and rows[-1]["verdict"] == "PASS":
                 rows[-1] |= {"verdict": "FAIL", "reason": f"{double} is a test double (no model ran): never a PASS"}
@@ -162,3 +171,40 @@ def expected_pairs(info: Mapping[str, Any]) -> list[tuple[str, str]]:
     manifest = info.get("manifest_resolved") or {}
     models = [m["name"] for m in manifest.get("models", [])]
     return [(m, t["name"]) for m in models for t in manifest.get("targets", [])]
+
+
+def incomplete(info: Mapping[str, Any], requests: pl.DataFrame) -> dict[tuple[str, str], str]:
+    """(model, target) -> why its results are incomplete: the target failed or was not run, some
+    of its shards (or probes, or perf levels) failed, or it lacks prompts the reference answered.
+    A failed reference leaves every candidate of its model incomplete: their rows are not compared."""
+    reference = info["reference"]
+    manifest = info.get("manifest_resolved") or {}
+    models = {m["name"] for m in manifest.get("models", [])} | set(requests["model"].unique())
+    targets = {t["name"]: t for t in manifest.get("targets", [])}
+    found: dict[tuple[str, str], list[str]] = {}
+    for key, reason in (info.get("failures") or {}).items():  # "model/target"
+        model, _, target = key.partition("/")
+        found.setdefault((model, target), []).append(f"failed: {reason}")
+    for shard in info.get("failed_shards") or {}:  # "model/target/..."
+        model, _, rest = shard.partition("/")
+        found.setdefault((model, rest.split("/")[0]), []).append(f"failed shard {shard}")
+    # Coverage: every parity candidate answers every prompt the reference answered.
+    prompts = requests.group_by("model", "target").agg(pl.struct("prompt_set", "prompt_id").unique().alias("p"))
+    answered = {
+        (r["model"], r["target"]): {(p["prompt_set"], p["prompt_id"]) for p in r["p"]} for r in prompts.to_dicts()
+    }
+    for model in models:
+        ref_prompts = answered.get((model, reference), set())
+        for name, target in targets.items():
+            if name == reference or target.get("parity") is False:
+                continue
+            missing = len(ref_prompts - answered.get((model, name), set()))
+            if missing:
+                found.setdefault((model, name), []).append(
+                    f"{missing} of the reference's {len(ref_prompts)} prompts missing"
+                )
+    for model, target in list(found):
+        if target == reference:
+            for name in targets.keys() - {reference}:
+                found.setdefault((model, name), []).append(f"the reference {reference} is incomplete")
+    return {pair: "; ".join(reasons)[:300] for pair, reasons in found.items()}

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import polars as pl
 
+from fleet.analysis.missing import no_nan
 from fleet.analysis.parity import CAND, Frame, sequences
 
 _F64 = pl.Float64
@@ -35,6 +36,7 @@ def self_parity(requests: Frame, tokens: Frame, repeats: Mapping[str, str]) -> p
     tokens_compared, max_abs_logprob_diff, mean_abs_logprob_diff (the copy's logprob vs the
     original's at the same position and context)."""
     parts = []
+    diff = pl.col("_lp") - pl.col("_lp_right")
     for copy, original in sorted(repeats.items()):
         pair = pl.col("target").is_in([original, copy])
         reqs, toks = requests.lazy().filter(pair), tokens.lazy().filter(pair)
@@ -50,8 +52,8 @@ def self_parity(requests: Frame, tokens: Frame, repeats: Mapping[str, str]) -> p
             .group_by("model")
             .agg(
                 tokens_compared=pl.len().cast(pl.Int64),
-                max_abs_logprob_diff=(pl.col("_lp") - pl.col("_lp_right")).abs().max(),
-                mean_abs_logprob_diff=(pl.col("_lp") - pl.col("_lp_right")).abs().mean(),
+                max_abs_logprob_diff=no_nan(diff, diff.abs().max()),
+                mean_abs_logprob_diff=no_nan(diff, diff.abs().mean()),
             )
         )
         per_model = seq.group_by("model").agg(

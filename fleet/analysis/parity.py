@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from fleet.analysis import ties
+from fleet.analysis.missing import no_nan
 from fleet.contracts.errors import UserError
 
 Frame = pl.DataFrame | pl.LazyFrame
@@ -61,30 +63,34 @@ def first_step(tokens: Frame, reference: str) -> pl.DataFrame:
     Output: model, target, prompt_set, prompt_id, cand_token_id, cand_logprob, ref_token_id,
     ref_logprob (the reference's own first token and its logprob), top1_match, ref_logprob_of_cand,
     logprob_diff, p_ref, p_cand, rel_err. Prompts without a position-0 row on either side are left out.
+    top1_match is tie-aware (fleet/analysis/ties.py): a different token that ties the reference's
+    top-1 (teacher-forced, same prompt) matches.
     """
     ref, cand = split(tokens, reference)
     at0 = pl.col("position") == 0
     ref0 = ref.filter(at0).select(*PROMPT, ref_token_id="token_id", ref_logprob=pl.col("logprob").cast(_F64))
-    cand0 = cand.filter(at0).select(
+    cand0 = cand.filter(at0)
+    cand0 = cand0.select(
         *CAND,
         cand_token_id="token_id",
         cand_logprob=pl.col("logprob").cast(_F64),
         _tf_logprob=pl.col("ref_logprob").cast(_F64),
+        _tied=ties.top1_agreement(ties.longest_topk(cand0)),
     )
-    match = pl.col("cand_token_id") == pl.col("ref_token_id")
+    same = pl.col("cand_token_id") == pl.col("ref_token_id")
     # Same token: the reference's own logprob. Different token: the reference's (teacher-forced)
     # logprob of the candidate's token, so p_ref and p_cand always describe the same event.
-    ref_of_cand = pl.when(match).then(pl.col("ref_logprob")).otherwise(pl.col("_tf_logprob"))
+    ref_of_cand = pl.when(same).then(pl.col("ref_logprob")).otherwise(pl.col("_tf_logprob"))
     return (
         cand0.join(ref0, on=PROMPT, how="inner")
-        .with_columns(top1_match=match, ref_logprob_of_cand=ref_of_cand)
+        .with_columns(top1_match=same | pl.col("_tied").fill_null(False), ref_logprob_of_cand=ref_of_cand)
         .with_columns(
             logprob_diff=(pl.col("cand_logprob") - pl.col("ref_logprob_of_cand")).abs(),
             p_ref=pl.col("ref_logprob_of_cand").exp(),
             p_cand=pl.col("cand_logprob").exp(),
         )
         .with_columns(rel_err=(pl.col("p_cand") - pl.col("p_ref")).abs() / pl.col("p_ref"))
-        .drop("_tf_logprob")
+        .drop("_tf_logprob", "_tied")
         .sort(CAND)
         .collect()
     )
@@ -178,8 +184,9 @@ def parity(requests: Frame, tokens: Frame, reference: str) -> pl.DataFrame:
     its context the same, so the two logprobs score the same event. A later position that happens
     to hold the same token has a different context and would mix divergence into the numbers.
     pearson_r is null for fewer than two tokens or zero variance. tf_* use every scored candidate
-    position: tf_top1_agreement = mean(token_id == ref_topk_ids[0]), tf_*_abs_logprob_diff over
-    |logprob - ref_logprob|. first_divergence_mean is over diverged prompts only (null if none);
+    position: tf_top1_agreement = share of positions whose token ties the reference's top-1 (tie-aware,
+    fleet/analysis/ties.py), tf_*_abs_logprob_diff over |logprob - ref_logprob|. A NaN among a figure's
+    rows makes it null (fleet/analysis/missing.py). first_divergence_mean is over diverged prompts only (null if none);
     kl_topk_mean is the mean of kl_topk's kl. Rates are fractions in [0, 1].
     """
     seq = sequences(requests, reference).lazy()
@@ -201,8 +208,8 @@ def parity(requests: Frame, tokens: Frame, reference: str) -> pl.DataFrame:
         .group_by(RUN)
         .agg(
             first_top1_agreement=pl.col("top1_match").mean(),
-            first_logprob_diff_mean=pl.col("logprob_diff").mean(),
-            first_prob_rel_err_mean=pl.col("rel_err").mean(),
+            first_logprob_diff_mean=no_nan(pl.col("logprob_diff"), pl.col("logprob_diff").mean()),
+            first_prob_rel_err_mean=no_nan(pl.col("rel_err"), pl.col("rel_err").mean()),
         )
     )
     a, b = pl.col("_cand_lp"), pl.col("_ref_lp")
@@ -213,15 +220,18 @@ def parity(requests: Frame, tokens: Frame, reference: str) -> pl.DataFrame:
         .join(seq.select(*CAND, "first_divergence"), on=CAND)
         .filter(divergence.is_null() | (pl.col("position") < divergence))
         .group_by(RUN)
-        .agg(pearson_r=pl.when(pl.len() >= 2).then(pl.corr(a, b)).fill_nan(None), mae=(a - b).abs().mean())
+        .agg(
+            pearson_r=pl.when(pl.len() >= 2).then(pl.corr(a, b)).fill_nan(None), mae=no_nan(a - b, (a - b).abs().mean())
+        )
     )
     tf_diff = (pl.col("logprob").cast(_F64) - pl.col("ref_logprob").cast(_F64)).abs()
     tf_agg = cand_tok.group_by(RUN).agg(
-        tf_top1_agreement=(pl.col("token_id") == pl.col("ref_topk_ids").list.first()).mean(),
-        tf_max_abs_logprob_diff=tf_diff.max(),
-        tf_mean_abs_logprob_diff=tf_diff.mean(),
+        tf_top1_agreement=ties.top1_agreement(ties.longest_topk(cand_tok)).mean(),
+        tf_max_abs_logprob_diff=no_nan(tf_diff, tf_diff.max()),  # max alone would skip a NaN
+        tf_mean_abs_logprob_diff=no_nan(tf_diff, tf_diff.mean()),
     )
-    kl_agg = kl_topk(tokens, reference).lazy().group_by(RUN).agg(kl_topk_mean=pl.col("kl").mean())
+    kl = pl.col("kl")
+    kl_agg = kl_topk(tokens, reference).lazy().group_by(RUN).agg(kl_topk_mean=no_nan(kl, kl.mean()))
     out = seq_agg
     for part in (first_agg, prefix_agg, tf_agg, kl_agg):
         out = out.join(part, on=RUN, how="left")
@@ -245,7 +255,9 @@ def throughput(requests: Frame, shards: Frame) -> pl.DataFrame:
     (one engine's throughput), not the fleet's aggregate rate.
     """
     latencies = [
-        pl.col(f"{metric}_s").quantile(q / 100, interpolation="linear").alias(f"{metric}_p{q}_s")
+        no_nan(pl.col(f"{metric}_s"), pl.col(f"{metric}_s").quantile(q / 100, interpolation="linear")).alias(
+            f"{metric}_p{q}_s"
+        )
         for metric in ("ttft", "tpot", "e2e")
         for q in (50, 90, 99)
     ]

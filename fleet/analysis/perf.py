@@ -18,11 +18,15 @@ Definitions (failed requests, those with an `error`, count in n_errors and nowhe
 * engine_ttft_mean_s / engine_tpot_mean_s: the engine's own figures (vLLM request stats:
   TTFT from scheduled, so it excludes engine queueing; see engine_queue_mean_s), for comparison
   with the client-side ones.
+
+A NaN among a figure's requests makes the figure null (fleet/analysis/missing.py), not the figure of the others.
 """
 
 from __future__ import annotations
 
 import polars as pl
+
+from fleet.analysis.missing import no_nan
 
 Frame = pl.DataFrame | pl.LazyFrame
 
@@ -32,8 +36,8 @@ QUANTILES = (50, 90, 99)
 
 def _stats(column: str, name: str) -> list[pl.Expr]:
     col = pl.col(column)
-    return [col.mean().alias(f"{name}_mean_s")] + [
-        col.quantile(q / 100, interpolation="linear").alias(f"{name}_p{q}_s") for q in QUANTILES
+    return [no_nan(col, col.mean()).alias(f"{name}_mean_s")] + [
+        no_nan(col, col.quantile(q / 100, interpolation="linear")).alias(f"{name}_p{q}_s") for q in QUANTILES
     ]
 
 
@@ -45,8 +49,8 @@ def summary(requests: Frame, levels: Frame) -> pl.DataFrame:
     counts = reqs.group_by(KEYS).agg(
         n_requests=pl.len(),
         n_errors=(~done).sum().cast(pl.Int64),
-        queue_delay_mean_s=pl.col("queue_delay_s").mean(),
-        queue_delay_max_s=pl.col("queue_delay_s").max(),
+        queue_delay_mean_s=no_nan(pl.col("queue_delay_s"), pl.col("queue_delay_s").mean()),
+        queue_delay_max_s=no_nan(pl.col("queue_delay_s"), pl.col("queue_delay_s").max()),
     )
     latency = completed.group_by(KEYS).agg(
         *_stats("ttft_s", "ttft"),
@@ -56,9 +60,9 @@ def summary(requests: Frame, levels: Frame) -> pl.DataFrame:
         prompt_tokens=pl.col("n_prompt_tokens").cast(pl.Int64).sum(),
         output_tokens=pl.col("n_output_tokens").cast(pl.Int64).sum(),
         _ttft_sum=pl.col("ttft_s").sum(),
-        engine_queue_mean_s=pl.col("engine_queue_s").mean(),
-        engine_ttft_mean_s=pl.col("engine_ttft_s").mean(),
-        engine_tpot_mean_s=pl.col("engine_tpot_s").mean(),
+        engine_queue_mean_s=no_nan(pl.col("engine_queue_s"), pl.col("engine_queue_s").mean()),
+        engine_ttft_mean_s=no_nan(pl.col("engine_ttft_s"), pl.col("engine_ttft_s").mean()),
+        engine_tpot_mean_s=no_nan(pl.col("engine_tpot_s"), pl.col("engine_tpot_s").mean()),
     )
     itl = completed.select(*KEYS, "itl_s").explode("itl_s").group_by(KEYS).agg(*_stats("itl_s", "itl"))
     wall = levels.lazy().select(*KEYS, "request_rate", "wall_s")

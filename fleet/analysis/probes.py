@@ -18,8 +18,9 @@ Full distribution (the Qwen2.5 report, 002 section 5; one row per prompt positio
 * `max_abs_err`: max over the vocabulary of |logprob_c - logprob_r| (nats), uncentred.
 * `kl`: exact KL(ref || cand) = sum_i p_r(i) (log p_r(i) - log p_c(i)) over the whole vocabulary,
   each side renormalised in float64 first (float32 log-softmax leaves ~1e-7 of mass error).
-* `top1_match`: same argmax; `top5_match`: same set of 5 most likely tokens; `top5_overlap`:
-  |top5_c ∩ top5_r| / 5.
+* `top1_match`: some token is top-1 on both sides; `top5_match`: the same set of 5 most likely
+  tokens; `top5_overlap`: |top5_c ∩ top5_r| / 5. All three are tie-aware (fleet/analysis/ties.py):
+  bfloat16 has exact ties, and which tied id `argmax` picks says nothing about the port.
 
 Layer-wise (the Llama-3.2 report, 001 section 4.2; layer 0 = embeddings, i = output of decoder
 layer i, L + 1 = after the final norm):
@@ -58,6 +59,8 @@ import numpy as np
 import polars as pl
 import pyarrow.compute as pc
 
+from fleet.analysis import ties
+from fleet.analysis.missing import strict as _strict
 from fleet.analysis.parity import CAND, PROMPT, Frame, split
 
 REL_FLOOR = 1e-6  # |h_r| below this counts as this in the elementwise relative error
@@ -93,10 +96,6 @@ def kl_exact(ref: np.ndarray, cand: np.ndarray) -> float:
         return float(np.sum(np.where(p > 0, p * (r - c), 0.0)))
 
 
-def topk_ids(x: np.ndarray, k: int) -> set[int]:
-    return set(np.argpartition(-x, k - 1)[:k].tolist()) if len(x) > k else set(range(len(x)))
-
-
 def rel_err_share(cand: np.ndarray, ref: np.ndarray, bound: float, *, floor: float = REL_FLOOR) -> float:
     """Share of elements with |cand - ref| / max(|ref|, floor) < bound."""
     rel = np.abs(cand - ref) / np.maximum(np.abs(ref), floor)
@@ -106,7 +105,6 @@ def rel_err_share(cand: np.ndarray, ref: np.ndarray, bound: float, *, floor: flo
 def logits_metrics(ref: np.ndarray, cand: np.ndarray) -> dict[str, Any]:
     """All full-distribution metrics of one position (see the module docstring)."""
     rc, cc = ref - ref.mean(), cand - cand.mean()
-    top_r, top_c = topk_ids(ref, 5), topk_ids(cand, 5)
     return {
         "cosine": cosine(cc, rc),
         "nmse": nmse(cc, rc),
@@ -114,9 +112,9 @@ def logits_metrics(ref: np.ndarray, cand: np.ndarray) -> dict[str, Any]:
         "kl": kl_exact(ref, cand),
         "ref_top1": int(np.argmax(ref)),
         "cand_top1": int(np.argmax(cand)),
-        "top1_match": bool(np.argmax(ref) == np.argmax(cand)),
-        "top5_match": top_r == top_c,
-        "top5_overlap": len(top_r & top_c) / 5,
+        "top1_match": ties.top1_match(ref, cand),
+        "top5_match": ties.topk_match(ref, cand, 5),
+        "top5_overlap": ties.topk_overlap(ref, cand, 5),
     }
 
 
@@ -147,6 +145,7 @@ _LOGITS_METRICS = {
     "top5_match": pl.Boolean,
     "top5_overlap": pl.Float64,
 }
+_SPREAD = ["err_mean", "abs_err_p50", "abs_err_p99", "abs_err_max", "within_bound"]
 _LAYER_METRICS = {
     "rel_l2": pl.Float64,
     "cosine": pl.Float64,
@@ -215,7 +214,8 @@ def logits_distribution(logits: Frame, reference: str, *, bound: float = 0.06) -
 
     Output: model, target, n_elements, err_mean (signed mean of logprob_c - logprob_r: a bias),
     abs_err_p50, abs_err_p99, abs_err_max, within_bound (share of |error| < `bound`), bound.
-    Only pairs with the same input count; none compared: no row.
+    Only pairs with the same input count; none compared: no row. A NaN logprob makes the figures null;
+    -inf on one side only is an infinite error (the other side gives the token mass), not skipped.
     """
     ref, cand = split(logits, reference)
     on = [*PROMPT, "position"]
@@ -227,23 +227,25 @@ def logits_distribution(logits: Frame, reference: str, *, bound: float = 0.06) -
     )
     rows = []
     for (model, target), group in pairs.group_by("model", "target", maintain_order=True):
-        diff = np.concatenate([c - r for r, c in zip(_arrays(group["_r"]), _arrays(group["_c"]), strict=True)])
-        finite = diff[np.isfinite(diff)]  # -inf on both sides (masked vocabulary) is no error
-        size = np.abs(finite)
-        rows.append(
-            {
-                "model": model,
-                "target": target,
-                "n_elements": int(finite.size),
-                "err_mean": float(finite.mean()),
+        sides = list(zip(_arrays(group["_r"]), _arrays(group["_c"]), strict=True))
+        masked = np.concatenate([np.isneginf(r) & np.isneginf(c) for r, c in sides])  # masked vocabulary: no error
+        errors = np.concatenate([c - r for r, c in sides])[~masked]
+        figures: dict[str, float | None] = dict.fromkeys(_SPREAD)
+        if not np.isnan(errors).any():  # a NaN logprob: the spread is not measured, whatever the rest says
+            size = np.abs(errors)
+            figures = {
+                "err_mean": float(errors.mean()),
                 "abs_err_p50": float(np.quantile(size, 0.5)),
                 "abs_err_p99": float(np.quantile(size, 0.99)),
                 "abs_err_max": float(size.max()),
                 "within_bound": float(np.mean(size < bound)),
-                "bound": bound,
             }
-        )
-    return pl.DataFrame(rows).sort("model", "target") if rows else pl.DataFrame()
+        rows.append({"model": model, "target": target, "n_elements": int(errors.size), **figures, "bound": bound})
+    return (
+        pl.DataFrame(rows, schema_overrides=dict.fromkeys(_SPREAD, pl.Float64)).sort("model", "target")
+        if rows
+        else pl.DataFrame()
+    )
 
 
 def layer_errors(layers: Frame, reference: str) -> pl.DataFrame:
@@ -317,11 +319,6 @@ def layer_summary(curve: pl.DataFrame) -> pl.DataFrame:
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def _strict(column: str, agg: pl.Expr) -> pl.Expr:
-    """`agg`, or null when `column` has a null: a summary never silently skips a pair."""
-    return pl.when(pl.col(column).null_count() > 0).then(None).otherwise(agg)
 
 
 def _pairwise(

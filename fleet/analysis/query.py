@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import polars as pl
 import pyarrow.fs as pafs
@@ -28,17 +29,31 @@ from fleet.results import catalog, reader, store
 from fleet.results.store import RUN_JSON
 
 Tables = dict[str, pl.LazyFrame]
-# name -> how to compute it from the stored tables and the reference target's name
-DERIVED: dict[str, Callable[[Tables, str], pl.DataFrame]] = {
-    "parity": lambda t, ref: analysis.parity(t["requests"], t["tokens"], ref).join(
-        divergence.summary(t["requests"], t["tokens"], ref), on=analysis.RUN, how="left"
+
+
+class Settings(NamedTuple):
+    """What a derived table needs from run.json: the reference target, and the manifest's
+    `parity.near_tie_nats` (None: each candidate's own noise), so a view says what the report says."""
+
+    reference: str
+    near_tie_nats: float | None = None
+
+
+# name -> how to compute it from the stored tables and the run's settings
+DERIVED: dict[str, Callable[[Tables, Settings], pl.DataFrame]] = {
+    "parity": lambda t, s: analysis.parity(t["requests"], t["tokens"], s.reference).join(
+        divergence.summary(t["requests"], t["tokens"], s.reference, near_tie_nats=s.near_tie_nats),
+        on=analysis.RUN,
+        how="left",
     ),
-    "first_step": lambda t, ref: analysis.first_step(t["tokens"], ref),
-    "sequences": lambda t, ref: analysis.sequences(t["requests"], ref),
-    "kl_topk": lambda t, ref: analysis.kl_topk(t["tokens"], ref),
+    "first_step": lambda t, s: analysis.first_step(t["tokens"], s.reference),
+    "sequences": lambda t, s: analysis.sequences(t["requests"], s.reference),
+    "kl_topk": lambda t, s: analysis.kl_topk(t["tokens"], s.reference),
     "throughput": lambda t, _: analysis.throughput(t["requests"], t["shards"]),
     "perf": lambda t, _: perf.summary(t["perf_requests"], t["perf_levels"]),
-    "divergences": lambda t, ref: divergence.divergences(t["requests"], t["tokens"], ref),
+    "divergences": lambda t, s: divergence.divergences(
+        t["requests"], t["tokens"], s.reference, near_tie_nats=s.near_tie_nats
+    ),
 }
 
 # Three queries the README shows; tests run them against a real run directory.
@@ -95,12 +110,14 @@ def _is_root(where: str | Path) -> bool:
         return False
 
 
-def _reference(run_dir: str | Path) -> str | None:
-    """The run's reference target; None when there is no run.json (a copied table directory)."""
+def _settings(run_dir: str | Path) -> Settings | None:
+    """The run's reference and parity settings; None when there is no run.json (a copied table directory)."""
     fs, root = store.locate(run_dir)
     if fs.get_file_info(f"{root}/{RUN_JSON}").type == pafs.FileType.NotFound:
         return None
-    return str(reader.read_info(run_dir)["reference"])
+    info = reader.read_info(run_dir)
+    parity = (info.get("manifest_resolved") or {}).get("parity") or {}
+    return Settings(str(info["reference"]), parity.get("near_tie_nats"))
 
 
 def context(run_dir: str | Path, *, sql: str = "") -> pl.SQLContext[pl.LazyFrame]:
@@ -109,21 +126,21 @@ def context(run_dir: str | Path, *, sql: str = "") -> pl.SQLContext[pl.LazyFrame
     ctx: pl.SQLContext[pl.LazyFrame] = pl.SQLContext(stored)
     wanted = [n for n in DERIVED if n not in stored and re.search(rf"\b{n}\b", sql, flags=re.IGNORECASE)]
     if "runs" in stored:  # a results root: each run's metrics, computed per run and stacked
-        per_run = [(d, tables(d), _reference(d)) for d in catalog.run_dirs(run_dir)] if wanted else []
+        per_run = [(d, tables(d), _settings(d)) for d in catalog.run_dirs(run_dir)] if wanted else []
         for name in wanted:
-            parts = [_derived(name, t, ref, d).with_columns(run_id=pl.lit(_run_id(d))) for d, t, ref in per_run]
+            parts = [_derived(name, t, s, d).with_columns(run_id=pl.lit(_run_id(d))) for d, t, s in per_run]
             ctx.register(name, pl.concat(parts, how="diagonal_relaxed").lazy())
         return ctx
     for name in wanted:
-        ctx.register(name, _derived(name, stored, _reference(run_dir), run_dir).lazy())
+        ctx.register(name, _derived(name, stored, _settings(run_dir), run_dir).lazy())
     return ctx
 
 
-def _derived(name: str, stored: Tables, reference: str | None, run_dir: str | Path) -> pl.DataFrame:
-    if reference is None and name not in ("throughput", "perf"):
+def _derived(name: str, stored: Tables, settings: Settings | None, run_dir: str | Path) -> pl.DataFrame:
+    if settings is None and name not in ("throughput", "perf"):
         msg = f"{run_dir}: table {name!r} needs the reference target, and there is no {RUN_JSON}"
         raise UserError(msg)
-    return DERIVED[name](stored, reference or "")
+    return DERIVED[name](stored, settings or Settings(""))
 
 
 def _run_id(run_dir: str | Path) -> str:

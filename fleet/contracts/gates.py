@@ -52,6 +52,8 @@ METRICS: dict[str, tuple[str, bool, str]] = {
     **{f"{m}_p{q}_s": _LATENCY for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)},
     # Probe metrics (issue 6), measured once their tables exist; passed to evaluate() as `extra`.
     "task_accuracy_delta": ("requests", True, 'pl.col("expected").is_not_null()'),
+    # The target's own accuracy (%): on the reference, it says whether the delta gate can fail at all.
+    "accuracy_pct": ("requests", False, 'pl.col("expected").is_not_null()'),
     "layer_cosine_min": ("layers", True, ""),
     "layer_rel_l2_max": ("layers", True, ""),
     "logits_cosine_min": ("logits", True, ""),

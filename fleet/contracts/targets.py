@@ -69,8 +69,9 @@ class TargetArgs(Strict):
     after: Name | None = Field(
         None,
         description="Start only once this earlier candidate target has finished and passed (it started, its "
-        "smoke checks passed, none of its work failed); otherwise this target is recorded as not run. The "
-        "playbook's 'dummy-weight smoke first, real weights only if it passed'.",
+        "smoke checks passed, none of its work failed, and, once the reference has scored its rows, every gate "
+        "that checks it passed); otherwise this target is recorded as not run. The playbook's 'dummy-weight "
+        "smoke first, real weights only if it passed'.",
     )
 
     @field_validator("env")

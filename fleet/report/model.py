@@ -181,6 +181,7 @@ class RunReport:
             expected=gate_mod.expected_pairs(self.info),
             extra=extra,
             doubles=gate_mod.test_doubles(self.info),
+            incomplete=gate_mod.incomplete(self.info, self.tables["requests"]),
         )
 
 

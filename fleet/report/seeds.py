@@ -19,6 +19,7 @@ import polars as pl
 from fleet.analysis import probes
 from fleet.report.model import RunReport
 from fleet.report.sections import NOT_MEASURED, Block, Section, Table, sections
+from fleet.report.stages import stage_result
 
 _SEQ = {
     "target": "candidate",
@@ -271,7 +272,7 @@ def _stages(r: RunReport) -> list[Block]:
                     "after": t.get("after"),
                     "started": key in provenance and key not in failures,
                     "smoke": checks,
-                    "result": failures.get(key) or ("passed" if key in provenance else "not run"),
+                    "result": stage_result(r, model, t["name"]),
                 }
             )
     frame = pl.DataFrame(rows, schema=dict.fromkeys(["model", "target", "weights", "after"], pl.String)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import os
 import platform
 import socket
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,10 @@ from fleet.run import manifest as manifest_mod
 from fleet.run.placement import check_fits
 from fleet.run.plan import PerfRun, ProbeRun, plan, plan_perf, plan_probes
 from fleet.run.progress import Progress
-from fleet.run.scheduler import Outcome, execute
+from fleet.run.scheduler import GatesOf, Outcome, execute
+
+# (run_dir, model, target) -> why the target's gates failed on the rows written so far (None: passed).
+GatesFor = Callable[[str | Path, str, str], str | None]
 
 
 def default_run_id(manifest_path: Path) -> str:
@@ -71,12 +75,15 @@ def run(
     progress: bool = True,
     verbose: bool = False,
     overrides: Sequence[str] = (),
+    gates_of: GatesFor | None = None,
 ) -> tuple[str | Path, Outcome]:
     """Run a manifest and return the run directory and what failed (if anything).
 
     results_dir is a local directory or a URI (s3://bucket/prefix, see fleet.store.locate); the run
     directory is <results_dir>/<run_id>, returned in the same form (a Path stays a Path).
-    `overrides` (`KEY=VALUE`, fleet.run.manifest.override) apply on top of the file; run.json keeps both."""
+    `overrides` (`KEY=VALUE`, fleet.run.manifest.override) apply on top of the file; run.json keeps both.
+    `gates_of(run_dir, model, target)`: why a target's gates failed on the rows so far (None: passed);
+    `after:` waits for it (without it, `after:` checks failures only)."""
     manifest, run_dir, info, unresolved = check(
         manifest_path, results_dir=results_dir, run_id=run_id, overrides=overrides
     )
@@ -93,6 +100,7 @@ def run(
             cluster,
             progress=progress,
             failed_before_start={f"{m}/{t.name}": why for m, why in unresolved.items() for t in manifest.targets},
+            gates_of=_bind(gates_of, run_dir),
         )
     return run_dir, outcome
 
@@ -155,14 +163,29 @@ def _preflight(manifest: manifest_mod.Manifest) -> dict[str, str]:
 
 
 def resume(
-    run_dir: str | Path, *, ray_address: str | None = None, progress: bool = True, verbose: bool = False
+    run_dir: str | Path,
+    *,
+    ray_address: str | None = None,
+    progress: bool = True,
+    verbose: bool = False,
+    gates_of: GatesFor | None = None,
 ) -> tuple[str | Path, Outcome]:
     """Finish an interrupted run: only the shards without a written `shards` row run again."""
     store, info, manifest, todo, perf_todo, probes_todo = check_resume(run_dir)
     with _ray(ray_address, verbose=verbose) as cluster:
         _check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
         store.update_info(status="running", resumed_at=[*info.get("resumed_at", []), now()])
-        outcome = _execute(manifest, todo, perf_todo, probes_todo, store, cluster, progress=progress, before=info)
+        outcome = _execute(
+            manifest,
+            todo,
+            perf_todo,
+            probes_todo,
+            store,
+            cluster,
+            progress=progress,
+            before=info,
+            gates_of=_bind(gates_of, run_dir),
+        )
     return run_dir, outcome
 
 
@@ -234,6 +257,7 @@ def _execute(
     progress: bool,
     before: dict[str, Any] | None = None,
     failed_before_start: dict[str, str] | None = None,
+    gates_of: GatesOf | None = None,
 ) -> Outcome:
     """Dispatch shards and perf levels, then record in run.json how it ended (also when interrupted)."""
     before = before or {}
@@ -241,7 +265,7 @@ def _execute(
     try:
         planned = Counter(s.model for s in shards) + Counter(p.model for p in perf)
         with Progress(planned, enabled=progress) as bar:
-            outcome = execute(manifest, shards, perf, store, bar, cluster=cluster, probes=probes)
+            outcome = execute(manifest, shards, perf, store, bar, cluster=cluster, probes=probes, gates_of=gates_of)
         outcome.failures = (failed_before_start or {}) | outcome.failures
         status = "partial" if outcome.partial else "complete"
     finally:
@@ -256,6 +280,10 @@ def _execute(
             cluster=_cluster(),
         )
     return outcome
+
+
+def _bind(gates_of: GatesFor | None, run_dir: str | Path) -> GatesOf | None:
+    return None if gates_of is None else functools.partial(gates_of, run_dir)
 
 
 def _cluster() -> dict[str, Any]:

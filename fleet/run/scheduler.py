@@ -21,7 +21,7 @@ import functools
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 
 # Shards handed to the writer threads and not yet on disk: their rows are held in the driver.
 MAX_PENDING_WRITES = 16
+# (model, target) -> why its gates did not pass on the rows written so far (None: they passed, or it
+# has none). The driver cannot evaluate gates itself (fleet.analysis is beside it, not below):
+# `fleet run` passes fleet.report's.
+GatesOf = Callable[[str, str], str | None]
 
 
 @dataclass
@@ -70,10 +74,11 @@ def execute(
     *,
     cluster: dict[str, float],
     probes: Sequence[ProbeRun] = (),
+    gates_of: GatesOf | None = None,
 ) -> Outcome:
     """Run every shard, probe and perf level (retrying faults), write what they produce; returns
-    what failed."""
-    return Loop(manifest, shards, perf, list(probes), store, bar, cluster).run()
+    what failed. `gates_of` is what `after:` checks beside failures (None: failures only)."""
+    return Loop(manifest, shards, perf, list(probes), store, bar, cluster, gates_of).run()
 
 
 class Loop:
@@ -88,8 +93,10 @@ class Loop:
         store: RunStore,
         bar: Progress,
         cluster: dict[str, float],
+        gates_of: GatesOf | None = None,
     ) -> None:
         self.manifest, self.store, self.bar, self.outcome = manifest, store, bar, Outcome()
+        self.gates_of, self.gate_verdicts = gates_of, dict[tuple[str, str], str | None]()
         reservation = footprint(manifest, cluster)
         self.reservation = reservation
         self.free = dict(cluster)
@@ -172,12 +179,22 @@ class Loop:
             self.active.append(run)
 
     def _not_passed(self, model: str, target: str) -> str | None:
-        """Why `target` of `model` did not pass in this run: it failed, or some of its work did."""
+        """Why `target` of `model` did not pass in this run: it failed, some of its work did, or its
+        gates failed (asked once all its rows are scored; see ModelRun._unsettled)."""
         key = f"{model}/{target}"
         if key in self.outcome.failures:
             return self.outcome.failures[key]
         failed = sorted(s for s in self.outcome.failed_shards if s.startswith(f"{key}/"))
-        return f"failed: {', '.join(failed)}" if failed else None
+        if failed:
+            return f"failed: {', '.join(failed)}"
+        if self.gates_of is None:
+            return None
+        if (model, target) not in self.gate_verdicts:
+            for done in self.writes:  # its rows on disk before its gates read them
+                done.result()
+            self.writes = []
+            self.gate_verdicts[model, target] = self.gates_of(model, target)
+        return self.gate_verdicts[model, target]
 
     def _skip(self, run: ModelRun, name: str, reason: str) -> None:
         """A target whose `after:` did not pass: recorded as failing, its work as not done."""
@@ -222,9 +239,12 @@ class Loop:
             result = ray.get(call)
         except Exception as e:  # noqa: BLE001  (any actor, engine or task error: retry or record)
             self._failed(run, name, work, _reason(e))
-            return
-        work.on_result(self, run, name, result)
-        self._maybe_release(run, name)
+        else:
+            work.on_result(self, run, name, result)
+            self._maybe_release(run, name)
+        # A scored shard or a reference shard may be what an `after:` target waited for.
+        run.start_waiting()
+        self._maybe_release(run, run.ref)
 
     def _maybe_release(self, run: ModelRun, name: str) -> None:
         """Release a candidate once its parity work is done, the reference once all candidates'

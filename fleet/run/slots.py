@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fleet.run.placement import add, fits, need
-from fleet.run.work import Describe, Generate, Perf, Probe, Smoke, Work
+from fleet.run.work import Describe, Generate, Perf, Probe, Score, Smoke, Work
 
 if TYPE_CHECKING:
     from fleet.contracts.spec import ModelSpec, Shard
@@ -124,7 +124,8 @@ class ModelRun:
         not_passed: Callable[[str], str | None] = lambda target: None,
     ) -> None:
         self.model, self.manifest, self.reservation = model, manifest, reservation
-        # Why target `name` of this model did not pass (None: it did): what `after:` waits on.
+        # Why target `name` of this model did not pass (None: it did): what `after:` waits on. It is
+        # asked once `name` has finished and every row of it is scored: its gates read them.
         self.not_passed = not_passed
         self.skipped: dict[str, str] = {}  # target -> why it was not run (`after:` did not pass)
         self.ref = manifest.reference
@@ -163,8 +164,8 @@ class ModelRun:
             held = add(*(need(self.slots[n].target) for n in self.running))
             nxt = self.slots[self.waiting[0]].target
             if nxt.after is not None:
-                if nxt.after in self.running:
-                    return  # candidates start in manifest order; this one once `after` has finished
+                if nxt.after in self.running or self._unsettled(nxt.after):
+                    return  # candidates start in manifest order; this one once `after` passed its gates
                 why = self.skipped.get(nxt.after) or self.not_passed(nxt.after)
                 if why is not None:
                     self.skipped[self.waiting.popleft()] = f"not run: {nxt.after} did not pass ({why})"
@@ -172,6 +173,17 @@ class ModelRun:
             if self.running and not fits(add(held, need(nxt)), self.reservation):
                 return
             self._launch(self.waiting.popleft())
+
+    def _unsettled(self, name: str) -> bool:
+        """Rows that target `name`'s gates read are still to come: shards of it await the reference's
+        scoring, or the reference's own shards (which its sequences are compared with) are not done."""
+        ref = self.slots[self.ref]
+        pending = [*ref.queue, *([ref.current[1]] if ref.current is not None else [])]
+        return any(isinstance(w, Generate) or (isinstance(w, Score) and w.shard.target == name) for w in pending)
+
+    def start_waiting(self) -> None:
+        """Start (or skip) candidates that wait, now that some work has ended."""
+        self._start_candidates()
 
     def idle(self, name: str) -> bool:
         slot = self.slots[name]
