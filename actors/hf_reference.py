@@ -42,6 +42,7 @@ class HFEngine(Engine):
             trust_remote_code=trust,
         ).to(self.device)
         self.net.eval()
+        self.model_class, self.twins = AutoModelForCausalLM, dict[str, Any]()
         # Stop on the same ids vLLM stops on: the tokenizer's EOS and generation_config's.
         stops = {self.tokenizer.eos_token_id}
         try:
@@ -119,9 +120,11 @@ class HFEngine(Engine):
             e2e_s=stamps[-1] - t0,
         )
 
-    def score(self, requests: pa.Table, *, k: int) -> pa.Table:
-        """Teacher forcing: one forward pass over prompt + output for each row, batched, right-padded."""
+    def score(self, requests: pa.Table, *, k: int, twin: str | None = None) -> pa.Table:
+        """Teacher forcing: one forward pass over prompt + output for each row, batched, right-padded.
+        With `twin` (a dtype), a second pass with the precision twin gives `twin_logprob`."""
         torch = self.torch
+        twin_net = self._twin(twin) if twin is not None else None
         rows = requests.select(["prompt_id", "prompt_token_ids", "output_token_ids"]).to_pylist()
         out: list[dict[str, object]] = []
         for start in range(0, len(rows), self.args.score_batch_size):
@@ -135,6 +138,7 @@ class HFEngine(Engine):
             mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=self.device)
             with torch.inference_mode():
                 logits = self.net(input_ids=ids, attention_mask=mask).logits
+                twin_logits = twin_net(input_ids=ids, attention_mask=mask).logits if twin_net is not None else None
             for b, r in enumerate(batch):
                 n_prompt, n_out = len(r["prompt_token_ids"]), len(r["output_token_ids"])
                 # Logits at position t predict token t+1: output token j is predicted at n_prompt-1+j.
@@ -143,6 +147,10 @@ class HFEngine(Engine):
                 chosen = logp.gather(1, target[:, None])[:, 0]
                 ranks = (logp > chosen[:, None]).sum(dim=1) + 1
                 values, indices = torch.topk(logp, k, dim=-1)
+                twin_chosen = [None] * n_out
+                if twin_logits is not None:
+                    twin_logp = torch.log_softmax(twin_logits[b, n_prompt - 1 : n_prompt - 1 + n_out].float(), dim=-1)
+                    twin_chosen = twin_logp.gather(1, target[:, None])[:, 0].tolist()
                 for j in range(n_out):
                     out.append(
                         {
@@ -152,9 +160,27 @@ class HFEngine(Engine):
                             "ref_rank": int(ranks[j]),
                             "ref_topk_ids": indices[j].tolist(),
                             "ref_topk_logprobs": values[j].tolist(),
+                            "twin_logprob": twin_chosen[j],
                         }
                     )
         return scores_table(out)
+
+    def _twin(self, dtype: str) -> Any:
+        """The precision twin for `dtype`: this reference's weights cast to it, run with the other
+        attention kernel (eager <-> sdpa). A correct implementation at the candidate's precision that
+        differs from the reference in operation order too, as any port does: at float32 the two
+        kernels alone differ by ~1e-5 nats p99, at bfloat16 rounding gives ~0.13 (SmolLM2-135M,
+        docs/platform.md). Built once per dtype, kept beside the reference."""
+        if dtype not in self.twins:
+            other = "eager" if self.args.attn_implementation == "sdpa" else "sdpa"
+            net = self.model_class.from_pretrained(
+                self.model.path,
+                dtype=getattr(self.torch, dtype),
+                attn_implementation=other,
+                trust_remote_code=self.model.spec.trust_remote_code,
+            ).to(self.device)
+            self.twins[dtype] = net.eval()
+        return self.twins[dtype]
 
     def probe_logits(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions = "last") -> pa.Table:
         """fleet.contracts.schema.PROBE_LOGITS: float32 log-softmax over the full vocabulary after the last

@@ -168,7 +168,7 @@ class OpenAIEngine(Engine):
         except (KeyError, ValueError) as e:
             raise self.http.error(route, 200, f"logprobs not keyed token_id:N ({e}): {json.dumps(lp)[:300]}") from None
 
-    def score(self, requests: pa.Table, *, k: int) -> pa.Table:
+    def score(self, requests: pa.Table, *, k: int, twin: str | None = None) -> pa.Table:
         """Teacher forcing through `prompt_logprobs`: prompt + output as one prompt, one token generated."""
         rows = teacher_forced(requests)
         bodies = [

@@ -43,8 +43,8 @@ class TargetActor:
     def generate(self, shard: Shard) -> Generation:
         return self.engine.generate(shard.loaded())  # a file's rows are read here, not in the driver
 
-    def score(self, requests: pa.Table, *, k: int) -> pa.Table:
-        return self.engine.score(requests, k=k)
+    def score(self, requests: pa.Table, *, k: int, twin: str | None = None) -> pa.Table:
+        return self.engine.score(requests, k=k, twin=twin)
 
     def describe(self) -> dict[str, str]:
         """Provenance: the engine's environment plus exactly which weights it loaded, and where."""

@@ -107,7 +107,7 @@ class TestDoubleEngine(Engine):
             e2e_s=spt * n,
         )
 
-    def score(self, requests: pa.Table, *, k: int) -> pa.Table:
+    def score(self, requests: pa.Table, *, k: int, twin: str | None = None) -> pa.Table:
         import pyarrow as pa
         import pyarrow.compute as pc
 

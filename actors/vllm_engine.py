@@ -114,7 +114,7 @@ class VllmEngine(Engine):
             e2e_s=m.last_token_ts - m.queued_ts,
         )
 
-    def score(self, requests: pa.Table, *, k: int) -> pa.Table:
+    def score(self, requests: pa.Table, *, k: int, twin: str | None = None) -> pa.Table:
         """Teacher forcing through prompt_logprobs: prompt + output as one prompt, one token generated."""
         from vllm.inputs import TokensPrompt
 

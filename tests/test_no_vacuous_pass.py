@@ -206,8 +206,8 @@ def test_c_exit_4_takes_precedence_over_3(tmp_path: Path) -> None:
 
 
 def test_f_query_views_use_the_manifests_near_tie_nats(tmp_path: Path) -> None:
-    """test_divergence's run: its 0.01-nat flip is a near tie against the candidate's own noise
-    (4.4 nats), a divergence against the manifest's 0.005; the report said one, the query the other."""
+    """test_divergence's run: its 0.01-nat flip is a near tie against the noise model's default
+    (0.13 nats), a divergence against the manifest's 0.005: the query must say what the report says."""
     from test_compare import _table
     from test_divergence import _run
 

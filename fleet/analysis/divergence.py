@@ -12,15 +12,18 @@ machines. So every first divergence is classified:
 * **divergence** otherwise (including an output that simply ends early).
 
 The noise is `near_tie_nats` when the manifest sets it (`parity: {near_tie_nats: ...}`), else the
-candidate's own p99 of teacher-forced |dlogp| over all its scored positions: the size of the
-numerical difference this candidate shows where the context is identical.
+noise model's (fleet/analysis/noise_model.py): what a correct implementation at the candidate's
+precision shows, measured by the precision twin, never the candidate's own error (a candidate
+would otherwise excuse its divergences by being wrong everywhere else too).
 """
 
 from __future__ import annotations
 
 import polars as pl
 
+from fleet.analysis import noise_model
 from fleet.analysis.missing import no_nan
+from fleet.analysis.noise_model import NoiseSpec
 from fleet.analysis.parity import CAND, RUN, Frame, sequences, split
 
 _F64 = pl.Float64
@@ -32,7 +35,8 @@ COLUMNS = [
 
 
 def noise(tokens: Frame, reference: str) -> pl.DataFrame:
-    """Per (model, candidate): tf_p99_abs_logprob_diff, the p99 of |logprob - ref_logprob|."""
+    """Per (model, candidate): tf_p99_abs_logprob_diff, the p99 of its own |logprob - ref_logprob|
+    (a figure of the candidate; the near-tie threshold comes from the noise model)."""
     _, cand = split(tokens, reference)
     diff = (pl.col("logprob").cast(_F64) - pl.col("ref_logprob").cast(_F64)).abs()
     return (
@@ -43,7 +47,7 @@ def noise(tokens: Frame, reference: str) -> pl.DataFrame:
     )
 
 
-def divergences(requests: Frame, tokens: Frame, reference: str, *, near_tie_nats: float | None = None) -> pl.DataFrame:
+def divergences(requests: Frame, tokens: Frame, reference: str, *, spec: NoiseSpec | None = None) -> pl.DataFrame:
     """Per candidate prompt: its first divergence (null when the outputs are identical) classified.
 
     Output: model, target, prompt_set, prompt_id, first_divergence, cand_token, ref_token,
@@ -63,10 +67,11 @@ def divergences(requests: Frame, tokens: Frame, reference: str, *, near_tie_nats
         _ref_topk="ref_topk_ids",
         _cand_topk="topk_ids",
     )
-    if near_tie_nats is None:
-        threshold = noise(tokens, reference).lazy().rename({"tf_p99_abs_logprob_diff": "noise"})
+    spec = spec or NoiseSpec()
+    if spec.near_tie_nats is None:
+        threshold = noise_model.near_tie_threshold(tokens, reference, spec).lazy()
     else:
-        threshold = seq.select(*RUN).unique().with_columns(noise=pl.lit(near_tie_nats, dtype=_F64))
+        threshold = seq.select(*RUN).unique().with_columns(noise=pl.lit(spec.near_tie_nats, dtype=_F64))
     ref_token = pl.col("_ref_ids").list.get(pl.col("first_divergence"), null_on_oob=True)
     margin = (pl.col("_ref_top1_lp").cast(_F64) - pl.col("_ref_lp").cast(_F64)).clip(lower_bound=0.0)
     diverged = pl.col("first_divergence").is_not_null()
@@ -99,14 +104,14 @@ def divergences(requests: Frame, tokens: Frame, reference: str, *, near_tie_nats
     )
 
 
-def summary(requests: Frame, tokens: Frame, reference: str, *, near_tie_nats: float | None = None) -> pl.DataFrame:
+def summary(requests: Frame, tokens: Frame, reference: str, *, spec: NoiseSpec | None = None) -> pl.DataFrame:
     """Per (model, candidate): near_ties, real_divergences, first_top1_agreement_excl_ties (a
-    first-token flip that is a near tie counts as agreement), seq_match_rate_excl_ties, and the
-    noise used (tf_p99_abs_logprob_diff)."""
-    return summary_of(divergences(requests, tokens, reference, near_tie_nats=near_tie_nats), tokens, reference)
+    first-token flip that is a near tie counts as agreement), seq_match_rate_excl_ties, the
+    candidate's own tf_p99_abs_logprob_diff, and the noise model's columns."""
+    return summary_of(divergences(requests, tokens, reference, spec=spec), tokens, reference, spec=spec)
 
 
-def summary_of(per_prompt: Frame, tokens: Frame, reference: str) -> pl.DataFrame:
+def summary_of(per_prompt: Frame, tokens: Frame, reference: str, *, spec: NoiseSpec | None = None) -> pl.DataFrame:
     """`summary` from divergences already computed (a report needs both; each costs a pass)."""
     tie = pl.col("kind") == "near tie"
     first_ok = pl.col("first_divergence").is_null() | (pl.col("first_divergence") > 0) | tie
@@ -120,6 +125,7 @@ def summary_of(per_prompt: Frame, tokens: Frame, reference: str) -> pl.DataFrame
             seq_match_rate_excl_ties=(pl.col("kind") != "divergence").mean(),
         )
         .join(noise(tokens, reference).lazy(), on=RUN, how="left")
+        .join(noise_model.summary(tokens, reference, spec).lazy(), on=RUN, how="left")
         .sort(RUN)
         .collect()
     )

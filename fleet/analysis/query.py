@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 
 from fleet.analysis import divergence, perf
 from fleet.analysis import parity as analysis
+from fleet.analysis.noise_model import NoiseSpec
 from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import cut
 from fleet.results import catalog, reader, store
@@ -32,17 +33,18 @@ Tables = dict[str, pl.LazyFrame]
 
 
 class Settings(NamedTuple):
-    """What a derived table needs from run.json: the reference target, and the manifest's
-    `parity.near_tie_nats` (None: each candidate's own noise), so a view says what the report says."""
+    """What a derived table needs from run.json: the reference target, and the noise model's
+    settings (each candidate's dtype, `parity.allowance`, `parity.near_tie_nats`), so a view says
+    what the report says."""
 
     reference: str
-    near_tie_nats: float | None = None
+    noise: NoiseSpec = NoiseSpec()
 
 
 # name -> how to compute it from the stored tables and the run's settings
 DERIVED: dict[str, Callable[[Tables, Settings], pl.DataFrame]] = {
     "parity": lambda t, s: analysis.parity(t["requests"], t["tokens"], s.reference).join(
-        divergence.summary(t["requests"], t["tokens"], s.reference, near_tie_nats=s.near_tie_nats),
+        divergence.summary(t["requests"], t["tokens"], s.reference, spec=s.noise),
         on=analysis.RUN,
         how="left",
     ),
@@ -51,9 +53,7 @@ DERIVED: dict[str, Callable[[Tables, Settings], pl.DataFrame]] = {
     "kl_topk": lambda t, s: analysis.kl_topk(t["tokens"], s.reference),
     "throughput": lambda t, _: analysis.throughput(t["requests"], t["shards"]),
     "perf": lambda t, _: perf.summary(t["perf_requests"], t["perf_levels"]),
-    "divergences": lambda t, s: divergence.divergences(
-        t["requests"], t["tokens"], s.reference, near_tie_nats=s.near_tie_nats
-    ),
+    "divergences": lambda t, s: divergence.divergences(t["requests"], t["tokens"], s.reference, spec=s.noise),
 }
 
 # Three queries the README shows; tests run them against a real run directory.
@@ -116,8 +116,7 @@ def _settings(run_dir: str | Path) -> Settings | None:
     if fs.get_file_info(f"{root}/{RUN_JSON}").type == pafs.FileType.NotFound:
         return None
     info = reader.read_info(run_dir)
-    parity = (info.get("manifest_resolved") or {}).get("parity") or {}
-    return Settings(str(info["reference"]), parity.get("near_tie_nats"))
+    return Settings(str(info["reference"]), NoiseSpec.from_info(info))
 
 
 def context(run_dir: str | Path, *, sql: str = "") -> pl.SQLContext[pl.LazyFrame]:

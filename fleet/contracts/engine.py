@@ -51,7 +51,9 @@ class Engine(ABC):
 
     `generate` returns tables matching schema.REQUESTS/TOKENS/SHARDS (the ref_* columns
     null); `score` is teacher forcing: for each request row (prompt_token_ids, output_token_ids)
-    it returns schema.SCORES rows, one per output position, from one forward pass each.
+    it returns schema.SCORES rows, one per output position, from one forward pass each. With
+    `twin` (a dtype), an engine that can also scores the rows with its own model cast to that dtype
+    (`twin_logprob`, fleet/analysis/noise_model.py); the others leave the column null.
     """
 
     def __init__(self, args: TargetArgs, model: ResolvedModel, *, sampling: Sampling) -> None:
@@ -66,7 +68,7 @@ class Engine(ABC):
     def generate(self, shard: Shard) -> Generation: ...
 
     @abstractmethod
-    def score(self, requests: pa.Table, *, k: int) -> pa.Table: ...
+    def score(self, requests: pa.Table, *, k: int, twin: str | None = None) -> pa.Table: ...
 
     @abstractmethod
     def describe(self) -> dict[str, str]:

@@ -45,6 +45,11 @@ METRICS: dict[str, tuple[str, bool, str]] = {
     "first_top1_agreement_excl_ties": _PREFIX,
     "seq_match_rate_excl_ties": _PREFIX,
     "tf_p99_abs_logprob_diff": _TF,
+    # The noise model (fleet/analysis/noise_model.py): the candidate's p99 over its precision twin's.
+    "twin_p99_abs_logprob_diff": _TF,
+    "tf_excess": _TF,
+    "tf_excess_ci_low": _TF,
+    "tf_excess_ci_high": _TF,
     "n_requests": _LATENCY,
     "output_tokens": _SHARDS,
     "wall_s": _SHARDS,

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Versions a reader still reads: 2 lacked run_id (the reader fills it in from run.json) and
-# was laid out without `key=value` directory names.
-READABLE_VERSIONS = ("2", "3")
+# was laid out without `key=value` directory names; 2 and 3 lacked tokens.twin_logprob (null).
+READABLE_VERSIONS = ("2", "3", "4")
 
 # Every table starts with these keys; together with `position` they identify a token row.
 _KEYS = [
@@ -75,6 +75,14 @@ TOKENS = _schema(
         pa.field("ref_rank", pa.int32(), metadata={"doc": "1-based rank of token_id under the reference"}),
         pa.field("ref_topk_ids", _TOPK, metadata={"doc": "reference's top-k ids at this position"}),
         pa.field("ref_topk_logprobs", _TOPK_LP, metadata={"doc": "their log-probabilities (nats)"}),
+        pa.field(
+            "twin_logprob",
+            pa.float32(),
+            metadata={
+                "doc": "the reference's model cast to this target's dtype, other attention kernel: a correct "
+                "implementation at this precision, teacher-forced on token_id (null: no twin ran)"
+            },
+        ),
     ],
 )
 
@@ -92,7 +100,7 @@ SHARDS = _schema(
 )
 
 # Columns the reference fills in by teacher-forced scoring of a candidate's tokens.
-SCORE_COLUMNS = ["ref_logprob", "ref_rank", "ref_topk_ids", "ref_topk_logprobs"]
+SCORE_COLUMNS = ["ref_logprob", "ref_rank", "ref_topk_ids", "ref_topk_logprobs", "twin_logprob"]
 # What score() returns: the join keys plus SCORE_COLUMNS.
 SCORES = _schema(
     "scores",

@@ -50,6 +50,10 @@ class RunOptions(Strict):
     max_attempts: int = Field(3, ge=1, le=100, description="Tries per shard before it is recorded as failed.")
 
 
+def _default_allowance() -> dict[DType, float]:
+    return {"float32": 10.0, "bfloat16": 1.0, "float16": 1.0}
+
+
 class ParityOptions(Strict):
     """How the parity verdicts read the numbers (fleet/analysis/divergence.py)."""
 
@@ -58,7 +62,18 @@ class ParityOptions(Strict):
         ge=0,
         le=10,
         description="A first divergence whose reference margin is within this many nats (and whose tokens are "
-        "in each other's top-k) is a near tie; unset: each candidate's p99 teacher-forced |dlogp|.",
+        "in each other's top-k) is a near tie; unset: the candidate's noise model (its precision twin's p99 "
+        "|dlogp| times the dtype's allowance).",
+    )
+    twin: bool = Field(
+        True,
+        description="An hf reference also scores each candidate's tokens with its own model cast to the "
+        "candidate's dtype (other attention kernel): the noise a correct implementation shows at that precision.",
+    )
+    allowance: dict[DType, float] = Field(
+        default_factory=_default_allowance,
+        description="The factor on the twin's noise a candidate of each dtype may show: float32 10 (its error "
+        "is kernel order, which implementations differ in by a few x), 16-bit 1 (rounding dominates).",
     )
 
 

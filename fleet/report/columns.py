@@ -26,7 +26,25 @@ PARITY = {
     "n_diverged": "diverged",
     "near_ties": "near ties",
     "real_divergences": "real divergences",
-    "tf_p99_abs_logprob_diff": "TF p99 |dlogp| (noise)",
+    "tf_p99_abs_logprob_diff": "TF p99 |dlogp|",
+    "twin_p99_abs_logprob_diff": "twin p99 |dlogp|",
+    "noise": "noise (nats)",
+    "tf_excess": "excess (x noise)",
+    "tf_excess_ci_low": "excess CI low",
+    "tf_excess_ci_high": "excess CI high",
+    "precision_verdict": "precision",
+}
+CALIBRATION = {
+    "candidate": "candidate",
+    "dtype": "dtype",
+    "mutation": "mutation",
+    "target": "target",
+    "tf_p99_abs_logprob_diff": "TF p99 |dlogp|",
+    "noise": "noise (nats)",
+    "tf_excess": "excess (x noise)",
+    "tf_excess_ci_low": "excess CI low",
+    "caught": "caught",
+    "failed_gates": "failed gates",
 }
 FIRST_STEP = {
     "model": "model",

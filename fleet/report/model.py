@@ -25,6 +25,7 @@ import polars as pl
 from fleet.analysis import consistency, divergence, noise_floor, probes
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
+from fleet.analysis.noise_model import NoiseSpec
 from fleet.analysis.perf import summary as perf_summary
 from fleet.contracts.gates import PERF_COLUMNS, Gate, perf_key
 from fleet.report.svg import PALETTE
@@ -87,9 +88,9 @@ class RunReport:
         accuracy = analysis.accuracy(requests, ref)
         manifest = info.get("manifest_resolved") or {}
         variants, repeats = manifest.get("variants") or {}, manifest.get("repeats") or {}
-        near_tie_nats = (manifest.get("parity") or {}).get("near_tie_nats")
-        per_prompt = divergence.divergences(requests, tokens, ref, near_tie_nats=near_tie_nats)
-        ties = divergence.summary_of(per_prompt, tokens, ref)
+        spec = NoiseSpec.from_info(info)
+        per_prompt = divergence.divergences(requests, tokens, ref, spec=spec)
+        ties = divergence.summary_of(per_prompt, tokens, ref, spec=spec)
         sequences = divergence.worst(_sequences(requests, ref), per_prompt, top)
         first = analysis.first_step(tokens, ref)
         report = cls(

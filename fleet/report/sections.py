@@ -83,6 +83,8 @@ def sections(report: RunReport) -> dict[str, Section]:
         "architecture": [_architecture(model, arch) for model, arch in r.architecture.items()],
         "gates": _gates(r),
     }
+    if blocks["parity"] and "tf_excess" in r.parity.columns:
+        blocks["parity"].append(precision_lines(r.parity))
     if blocks["first_step"]:
         blocks["first_step"].append(first_step_totals(r.parity))
         blocks["first_step"] += cut_note(r, "first_step", "ORDER BY rel_err DESC")
@@ -184,6 +186,22 @@ def first_step_totals(parity: pl.DataFrame) -> list[str]:
     ]
 
 
+def precision_lines(parity: pl.DataFrame) -> list[str]:
+    """Each candidate's error against the noise model's (fleet/analysis/noise_model.py): within
+    precision, or beyond it by more than the bootstrap interval (a bug)."""
+    out = []
+    for r in parity.iter_rows(named=True):
+        if r.get("tf_excess") is None:
+            out.append(f"{r['model']} / {r['target']}: precision not measured ({r.get('noise_source') or 'no rows'})")
+            continue
+        out.append(
+            f"{r['model']} / {r['target']}: TF p99 |dlogp| {_g(r['tf_p99_abs_logprob_diff'])} is "
+            f"{r['tf_excess']:.2f}x the noise {_g(r['noise'])} nats ({r['noise_source']}), 95% CI "
+            f"{r['tf_excess_ci_low']:.2f}-{r['tf_excess_ci_high']:.2f}: {r['precision_verdict']}"
+        )
+    return out
+
+
 def sequence_totals(parity: pl.DataFrame) -> list[str]:
     """Sequence and token match with their counts, and r / MAE over the matched tokens."""
     out = []
@@ -196,7 +214,7 @@ def sequence_totals(parity: pl.DataFrame) -> list[str]:
             f"matched-token logprob r = {_g(r['pearson_r'])}, MAE = {_g(r['mae'])}"
             + (
                 f"; of {r['n_diverged']} divergences {r['near_ties']} near ties "
-                f"(within the noise {_g(r['tf_p99_abs_logprob_diff'])} nats)"
+                f"(within the noise {_g(r.get('noise'))} nats)"
                 if r.get("near_ties") is not None and r["n_diverged"]
                 else ""
             )

@@ -99,18 +99,20 @@ def load(run_dir: str | Path) -> dict[str, pl.LazyFrame]:
     for name, arrow_schema in schema.all_tables().items():
         files = store.parquet_files(fs, f"{root}/{name}")
         # Refuse files written under another schema version rather than misread a column.
+        versions = set()
         with ThreadPoolExecutor(8) as pool:  # one footer each: a round trip per file on S3
             footers = pool.map(lambda f: _footer(fs, f, arrow_schema), files)
             for file, footer in zip(files, footers, strict=True):
                 version = footer.get(b"fleet.schema_version", b"").decode(errors="replace") or None
+                versions.add(version)
                 if version is not None and version not in schema.READABLE_VERSIONS:
                     where = file if isinstance(fs, pafs.LocalFileSystem) else f"{fs.type_name}://{file}"
                     msg = f"{where}: schema version {version}, this reader understands "
                     msg += ", ".join(schema.READABLE_VERSIONS)
                     raise UserError(msg)
-        frame = scan(fs, files) if files else _empty(arrow_schema)
-        if "run_id" not in frame.collect_schema().names():  # schema 2: one run per directory, named in run.json
-            frame = frame.with_columns(run_id=pl.lit(_run_id(run_dir), pl.String)).select(arrow_schema.names)
+        frame = scan(fs, files, arrow_schema) if files else _empty(arrow_schema)
+        if "2" in versions:  # schema 2 had no run_id: one run per directory, named in run.json
+            frame = frame.with_columns(pl.col("run_id").fill_null(pl.lit(_run_id(run_dir), pl.String)))
         frames[name] = frame
     return frames
 
@@ -137,14 +139,21 @@ def _run_id(run_dir: str | Path) -> str:
         return str(run_dir)
 
 
-def scan(fs: pafs.FileSystem, files: list[str]) -> pl.LazyFrame:
+def scan(fs: pafs.FileSystem, files: list[str], declared: pa.Schema | None = None) -> pl.LazyFrame:
     """One lazy frame over Parquet files on `fs`: Polars' own reader for local files; for remote
     ones a pyarrow dataset on the same filesystem (endpoint, credentials) that wrote them.
-    Directory names are only for humans: every file carries model/target columns itself."""
+    Directory names are only for humans: every file carries model/target columns itself. With the
+    `declared` schema, a column an older schema version lacked reads as nulls."""
     if isinstance(fs, pafs.LocalFileSystem):
-        return pl.scan_parquet(files, hive_partitioning=False)
+        if declared is None:
+            return pl.scan_parquet(files, hive_partitioning=False)
+        declared_frame = _empty(declared)
+        return pl.scan_parquet(
+            files, hive_partitioning=False, schema=declared_frame.collect_schema(), missing_columns="insert"
+        )
     # Polars applies the filters itself: pyarrow's null semantics in comparisons differ.
-    return pl.scan_pyarrow_dataset(ds.dataset(files, filesystem=fs, format="parquet"), allow_pyarrow_filter=False)
+    dataset = ds.dataset(files, filesystem=fs, format="parquet", schema=declared)
+    return pl.scan_pyarrow_dataset(dataset, allow_pyarrow_filter=False)
 
 
 def _empty(arrow_schema: pa.Schema) -> pl.LazyFrame:

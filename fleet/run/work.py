@@ -128,8 +128,11 @@ class Score(Work):
     gen: Generation  # the candidate's rows
 
     def submit(self, slot: ActorSlot) -> tuple[Any, float]:
-        call = slot.handle.score.remote(self.gen.requests, k=slot.manifest.sampling.logprobs)
-        return call, slot.manifest.run.shard_timeout_s
+        m = slot.manifest
+        # The precision twin scores at the candidate's dtype (a model's own dtype beats the target's).
+        dtype = next(x.dtype for x in m.models if x.name == self.shard.model) or m.target(self.shard.target).dtype
+        call = slot.handle.score.remote(self.gen.requests, k=m.sampling.logprobs, twin=dtype if m.parity.twin else None)
+        return call, m.run.shard_timeout_s
 
     def on_result(self, loop: Loop, run: ModelRun, name: str, result: pa.Table) -> None:
         run.unscored -= 1

@@ -1,0 +1,156 @@
+"""How far a correct implementation at the candidate's precision is from the reference, measured
+without the candidate, and how far the candidate is beyond that.
+
+The reference also scores every candidate token with its precision twin: its own model cast to the
+candidate's dtype and run with the other attention kernel (actors/hf_reference.py), a correct port
+that differs from the reference in rounding and operation order, as any port does. At each
+position |twin - reference| is what a correct implementation may differ by; |candidate -
+reference| at the same positions is what the candidate does differ by.
+
+* **noise**: the twin's p99 |dlogp| times the candidate dtype's allowance (`parity.allowance`:
+  float32 10, since kernel order is all of float32's error and implementations differ in it by a
+  few x; 16-bit 1, since rounding dominates). Where no twin ran (an `endpoint` or `vllm`
+  reference, `parity.twin: false`), DEFAULT_TWIN_P99 for the dtype, and `noise_source` says so.
+  The near-tie rule (fleet/analysis/divergence.py) and the excess gates use this, never the
+  candidate's own error: a worse candidate gets no wider tolerance.
+* **tf_excess**: the candidate's p99 |dlogp| over the noise, with a 95 % bootstrap interval over
+  prompts (`tf_excess_ci_low`, `tf_excess_ci_high`; prompts resampled BOOTSTRAP times, seed 0, the
+  twin's p99 recomputed on each resample). `tf_excess_ci_low > 1`: the candidate is further from
+  the reference than its precision explains, beyond sampling noise: a bug, not precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from fleet.analysis.parity import CAND, RUN, Frame, split
+
+QUANTILE = 0.99
+BOOTSTRAP = 1000
+DEFAULT_ALLOWANCE = {"float32": 10.0, "bfloat16": 1.0, "float16": 1.0}
+# Twin p99 |dlogp| where no twin ran: SmolLM2-135M-Instruct (30 layers), transformers eager vs SDPA
+# attention over the first 1,023 tokens of actors/data/corpus.txt, measured 2026-12-02 (docs/platform.md).
+DEFAULT_TWIN_P99 = {"float32": 1.05e-5, "bfloat16": 0.13, "float16": 0.016}
+COLUMNS = [
+    "twin_p99_abs_logprob_diff", "noise", "noise_source",
+    "tf_excess", "tf_excess_ci_low", "tf_excess_ci_high", "precision_verdict",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class NoiseSpec:
+    """What the noise model needs from run.json: each candidate's dtype and the allowances."""
+
+    dtypes: Mapping[tuple[str, str], str] = field(default_factory=dict)  # (model, target) -> dtype
+    allowance: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_ALLOWANCE))
+    near_tie_nats: float | None = None  # the manifest's fixed near-tie threshold, if any
+
+    @classmethod
+    def from_info(cls, info: Mapping[str, Any]) -> NoiseSpec:
+        manifest = info.get("manifest_resolved") or {}
+        parity = manifest.get("parity") or {}
+        model_dtype = {m["name"]: m.get("dtype") for m in manifest.get("models") or []}
+        dtypes = {
+            (model, t["name"]): dtype or t.get("dtype") or "bfloat16"
+            for model, dtype in model_dtype.items()
+            for t in manifest.get("targets") or []
+        }
+        allowance = DEFAULT_ALLOWANCE | dict(parity.get("allowance") or {})
+        return cls(dtypes, allowance, parity.get("near_tie_nats"))
+
+    def dtype(self, model: str, target: str) -> str:
+        return self.dtypes.get((model, target), "bfloat16")
+
+
+def _abs_diffs(tokens: Frame, reference: str) -> pl.DataFrame:
+    """Candidate rows with |candidate - reference| and |twin - reference| per position."""
+    _, cand = split(tokens, reference)
+    ref = pl.col("ref_logprob").cast(pl.Float64)
+    return (
+        cand.select(
+            *CAND,
+            cand_diff=(pl.col("logprob").cast(pl.Float64) - ref).abs(),
+            twin_diff=(pl.col("twin_logprob").cast(pl.Float64) - ref).abs(),
+        )
+        .filter(pl.col("cand_diff").is_not_null())
+        .collect()
+    )
+
+
+def summary(tokens: Frame, reference: str, spec: NoiseSpec | None = None) -> pl.DataFrame:
+    """Per (model, candidate): the columns of COLUMNS (the module docstring says what each is)."""
+    spec = spec or NoiseSpec()
+    rows = []
+    for (model_name, target), group in _abs_diffs(tokens, reference).group_by(RUN, maintain_order=True):
+        rows.append({"model": model_name, "target": target} | _one(group, spec, str(model_name), str(target)))
+    schema = {"model": pl.String, "target": pl.String} | dict.fromkeys(COLUMNS, pl.Float64)
+    schema |= {"noise_source": pl.String, "precision_verdict": pl.String}
+    return pl.DataFrame(rows, schema=schema).sort(RUN)
+
+
+def _one(group: pl.DataFrame, spec: NoiseSpec, model_name: str, target: str) -> dict[str, Any]:
+    dtype = spec.dtype(model_name, target)
+    allowance = spec.allowance.get(dtype, 1.0)
+    cand = [g["cand_diff"].to_numpy() for _, g in group.group_by("prompt_set", "prompt_id", maintain_order=True)]
+    twin = [g["twin_diff"].to_numpy() for _, g in group.group_by("prompt_set", "prompt_id", maintain_order=True)]
+    if any(np.isnan(c).any() for c in cand):  # a NaN logprob: nothing here can be measured
+        return dict.fromkeys(COLUMNS) | {"noise_source": "not measured: NaN logprobs"}
+    has_twin = all(not np.isnan(t).any() for t in twin)  # nulls arrive as NaN
+    if has_twin:
+        twin_p99 = float(np.quantile(np.concatenate(twin), QUANTILE))
+        source = f"precision twin ({dtype}) x {allowance:g}"
+    else:
+        twin_p99 = DEFAULT_TWIN_P99.get(dtype, DEFAULT_TWIN_P99["bfloat16"])
+        source = f"default for {dtype} (no twin ran; SmolLM2-135M measurement) x {allowance:g}"
+    noise = twin_p99 * allowance
+    excess = float(np.quantile(np.concatenate(cand), QUANTILE)) / noise if noise > 0 else None
+    low, high = _interval(cand, twin if has_twin else None, twin_p99, allowance)
+    return {
+        "twin_p99_abs_logprob_diff": twin_p99 if has_twin else None,
+        "noise": noise,
+        "noise_source": source,
+        "tf_excess": excess,
+        "tf_excess_ci_low": low,
+        "tf_excess_ci_high": high,
+        "precision_verdict": _verdict(low, high),
+    }
+
+
+def _interval(
+    cand: list[np.ndarray], twin: list[np.ndarray] | None, twin_p99: float, allowance: float
+) -> tuple[float | None, float | None]:
+    """95 % bootstrap interval of candidate p99 / noise, resampling whole prompts (positions within
+    a prompt are not independent); with a twin its p99 is recomputed on the same resample."""
+    if not cand:
+        return None, None
+    rng = np.random.default_rng(0)
+    ratios = []
+    for _ in range(BOOTSTRAP):
+        pick = rng.integers(0, len(cand), len(cand))
+        c = np.quantile(np.concatenate([cand[i] for i in pick]), QUANTILE)
+        t = np.quantile(np.concatenate([twin[i] for i in pick]), QUANTILE) if twin is not None else twin_p99
+        ratios.append(c / (t * allowance) if t > 0 else np.inf)
+    low, high = np.quantile(ratios, [0.025, 0.975])
+    return float(low), float(high)
+
+
+def _verdict(low: float | None, high: float | None) -> str | None:
+    if low is None or high is None:
+        return None
+    if low > 1:
+        return "exceeds precision"
+    return "within precision" if high <= 1 else "within precision (interval reaches above 1)"
+
+
+def near_tie_threshold(tokens: Frame, reference: str, spec: NoiseSpec | None = None) -> pl.DataFrame:
+    """Per (model, candidate): `noise`, the near-tie threshold (the manifest's fixed one if set)."""
+    spec = spec or NoiseSpec()
+    noise = summary(tokens, reference, spec).select(*RUN, "noise")
+    if spec.near_tie_nats is not None:
+        noise = noise.with_columns(noise=pl.lit(spec.near_tie_nats, dtype=pl.Float64))
+    return noise
