@@ -7,6 +7,7 @@
     fleet query RUN_DIR|RESULTS_ROOT "SQL" [--format table|csv|json] | --tables
 
     fleet run --check MANIFEST | --check --resume RUN_DIR   everything before Ray starts, nothing written
+    fleet calibrate MANIFEST [--repeats N] [--set KEY=VALUE ...]   mutants of each vllm candidate: the power table
 
 Exit codes: 0 done (and every gate passed); 2 bad input (one message of at most 3 lines, no
 traceback, nothing written); 3 the run finished but some model/target/shard failed (and no gate
@@ -70,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="validate everything that is checked before Ray starts; write nothing"
     )
 
+    cal = sub.add_parser("calibrate", help="run mutants of each vllm candidate: which gates catch a broken port")
+    cal.add_argument("manifest", type=Path, help="manifest YAML file (its gates are measured)")
+    cal.add_argument("--results", default="results", help="where the two run directories go (default: results)")
+    cal.add_argument("--run-id", help="run directory prefix (default: <manifest stem>-calibrate-<UTC time>)")
+    cal.add_argument("--repeats", type=int, default=3, help="healthy copies of each candidate (default 3)")
+    cal.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE", help="as in run")
+
     report = sub.add_parser("report", help="recompute and print the summary from a run directory's Parquet files")
     report.add_argument(
         "run_dir",
@@ -106,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     try:
-        verbs = {"run": _run, "report": _report, "compare": _compare, "runs": _runs, "query": _query}
+        verbs = {"run": _run, "calibrate": _calibrate, "report": _report, "compare": _compare, "runs": _runs}
+        verbs["query"] = _query
         return verbs[args.command](args)
     except UserError as e:
         print(user_message(e), file=sys.stderr)
@@ -133,6 +142,26 @@ def user_message(error: Exception) -> str:
     if len(lines) > MAX_LINES:
         lines = [*lines[: MAX_LINES - 1], f"(and {len(lines) - MAX_LINES + 1} more lines)"]
     return "\n".join([f"error: {lines[0]}", *lines[1:]])
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    """The power table; exit 4 when the goal is missed (a mutant beyond precision passed, or a
+    healthy copy failed)."""
+    from fleet.contracts.errors import UserError
+    from fleet.report import calibrate, columns
+    from fleet.report.table import markdown
+    from fleet.run.driver import default_run_id
+
+    if not 1 <= args.repeats <= 10:
+        raise UserError(f"--repeats {args.repeats}: expected 1 to 10")
+    run_id = args.run_id or default_run_id(args.manifest.with_stem(f"{args.manifest.stem}-calibrate"))
+    table, lines = calibrate.calibrate(
+        args.manifest, results_dir=args.results, run_id=run_id, repeats=args.repeats, overrides=args.overrides
+    )
+    print(markdown(table, columns.CALIBRATION))
+    print("\n".join(f"- {line}" for line in lines))
+    print(f"\nresults: {args.results}/{run_id}-healthy, {args.results}/{run_id}-mutants")
+    return EXIT_GATES if any(line.startswith("goal MISSED") for line in lines) else EXIT_OK
 
 
 def _run(args: argparse.Namespace) -> int:
