@@ -97,7 +97,7 @@ def test_the_candidates_own_error_never_widens_the_near_tie_threshold() -> None:
 
 
 def test_the_twin_sets_the_noise_and_the_allowance_scales_it() -> None:
-    requests, tokens = _run()
+    _, tokens = _run()
     twin = tokens.with_columns(
         twin_logprob=pl.when(pl.col("target") == CAND).then(pl.col("ref_logprob") + 0.2).cast(pl.Float32)
     )
