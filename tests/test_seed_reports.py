@@ -25,7 +25,15 @@ TINY_LLAMA = (
     "models=[{name: tiny-llama, source: {kind: synthetic, family: llama, seed: 3, hidden_size: 128,"
     " intermediate_size: 256, num_layers: 3, num_heads: 4, num_kv_heads: 2, init_std: 0.1}, max_model_len: 512}]"
 )
-SMALL_PERF = ["perf.0.concurrency=[2]", "perf.0.num_requests=2", "perf.0.output_tokens=4", "perf.0.warmup_requests=0"]
+# The long-context prompts (1k-3.4k tokens) exceed the tiny models' 512: one short prompt in their place.
+SHORT_CONTEXT = 'prompts.long-context=[{id: long-cut, prompt: "Paris stands on the river Seine. Which river?"}]'
+SMALL_PERF = [
+    SHORT_CONTEXT,
+    "perf.0.concurrency=[2]",
+    "perf.0.num_requests=2",
+    "perf.0.output_tokens=4",
+    "perf.0.warmup_requests=0",
+]
 # Per manifest: the cut-down sizes (the model stays in its family; fewer tokens, requests and variants).
 CASES: dict[str, list[str]] = {
     "001-llama-3.2-3b": [TINY_LLAMA, *SMALL_PERF, "perf.0.input_tokens=16"],
