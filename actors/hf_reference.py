@@ -138,7 +138,6 @@ class HFEngine(Engine):
             mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=self.device)
             with torch.inference_mode():
                 logits = self.net(input_ids=ids, attention_mask=mask).logits
-                twin_logits = twin_net(input_ids=ids, attention_mask=mask).logits if twin_net is not None else None
             for b, r in enumerate(batch):
                 n_prompt, n_out = len(r["prompt_token_ids"]), len(r["output_token_ids"])
                 # Logits at position t predict token t+1: output token j is predicted at n_prompt-1+j.
@@ -147,10 +146,7 @@ class HFEngine(Engine):
                 chosen = logp.gather(1, target[:, None])[:, 0]
                 ranks = (logp > chosen[:, None]).sum(dim=1) + 1
                 values, indices = torch.topk(logp, k, dim=-1)
-                twin_chosen = [None] * n_out
-                if twin_logits is not None:
-                    twin_logp = torch.log_softmax(twin_logits[b, n_prompt - 1 : n_prompt - 1 + n_out].float(), dim=-1)
-                    twin_chosen = twin_logp.gather(1, target[:, None])[:, 0].tolist()
+                twin_chosen = self._twin_logprobs(twin_net, r) if twin_net is not None else [None] * n_out
                 for j in range(n_out):
                     out.append(
                         {
@@ -164,6 +160,17 @@ class HFEngine(Engine):
                         }
                     )
         return scores_table(out)
+
+    def _twin_logprobs(self, net: Any, row: dict[str, Any]) -> list[float]:
+        """The twin's logprobs of one row's output tokens, one unpadded sequence per pass: eager
+        attention holds a heads x length^2 matrix per sequence, which a batch of long ones multiplies."""
+        torch = self.torch
+        n_prompt, out_ids = len(row["prompt_token_ids"]), row["output_token_ids"]
+        ids = torch.tensor([row["prompt_token_ids"] + out_ids], device=self.device)
+        with torch.inference_mode():
+            logits = net(input_ids=ids).logits[0, n_prompt - 1 : n_prompt - 1 + len(out_ids)]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        return [float(x) for x in logp.gather(1, torch.tensor(out_ids, device=self.device)[:, None])[:, 0]]
 
     def _twin(self, dtype: str) -> Any:
         """The precision twin for `dtype`: this reference's weights cast to it, run with the other

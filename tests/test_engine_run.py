@@ -50,6 +50,23 @@ def test_bfloat16_drifts_like_a_precision_change(parity: dict[str, dict[str, obj
     assert bf16["kl_topk_mean"] > fp32["kl_topk_mean"]
 
 
+def test_the_precision_twin_scores_every_candidate_position_at_its_dtype(engine_run: Path) -> None:
+    from fleet.analysis import noise_model
+    from fleet.analysis.noise_model import NoiseSpec
+
+    t = reader.load(engine_run)
+    cand = t["tokens"].filter(pl.col("target") != "hf-fp32").collect()
+    assert cand["twin_logprob"].null_count() == 0
+    spec = NoiseSpec.from_info(reader.read_info(engine_run))
+    rows = {r["target"]: r for r in noise_model.summary(t["tokens"], "hf-fp32", spec).to_dicts()}
+    # float32 twin (the other attention kernel): float32 noise; bfloat16 twin: bfloat16 rounding.
+    assert 0 < rows["vllm-fp32"]["twin_p99_abs_logprob_diff"] < 1e-4
+    assert 1e-3 < rows["vllm-bf16"]["twin_p99_abs_logprob_diff"] < 0.5
+    for name in ("vllm-fp32", "vllm-bf16"):  # healthy ports: within their precision
+        assert rows[name]["tf_excess_ci_low"] <= 1.0, rows[name]
+        assert rows[name]["noise_source"].startswith("precision twin"), rows[name]
+
+
 def test_every_target_sees_the_same_prompt_tokens(engine_run: Path) -> None:
     """Text prompts are tokenized by each engine, chat prompts rendered by each engine's own
     chat-template path (vLLM's LLM.chat, HF's apply_chat_template): the ids must agree."""
