@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from fleet.contracts.spec import Shard
 
 
+# The twin keeps the KV cache of prompts longer than TWIN_PREFIX_MIN tokens, up to TWIN_PREFIX_TOKENS
+# tokens in all (SmolLM2-135M: 46 KB a token in float32; a 7B model with 8 KV heads: 256 KB).
+TWIN_PREFIX_MIN, TWIN_PREFIX_TOKENS = 256, 16384
+
+
 class HFEngine(Engine):
     def __init__(self, args: HFArgs, *rest: Any, **kw: Any) -> None:
         super().__init__(args, *rest, **kw)
@@ -43,6 +48,7 @@ class HFEngine(Engine):
         ).to(self.device)
         self.net.eval()
         self.model_class, self.twins = AutoModelForCausalLM, dict[str, Any]()
+        self.twin_prefixes: dict[tuple[int, tuple[int, ...]], Any] = {}  # oldest first
         # Stop on the same ids vLLM stops on: the tokenizer's EOS and generation_config's.
         stops = {self.tokenizer.eos_token_id}
         try:
@@ -162,13 +168,28 @@ class HFEngine(Engine):
         return scores_table(out)
 
     def _twin_logprobs(self, net: Any, row: dict[str, Any]) -> list[float]:
-        """The twin's logprobs of one row's output tokens, one unpadded sequence per pass: eager
-        attention holds a heads x length^2 matrix per sequence, which a batch of long ones multiplies."""
+        """The twin's logprobs of one row's output tokens, one unpadded sequence per pass (eager
+        attention holds a heads x length^2 matrix per sequence, which a batch of long ones would
+        multiply). Every candidate is scored on the same prompts, so the twin keeps each long
+        prompt's KV cache (the newest, up to TWIN_PREFIX_TOKENS) and runs only the output tokens on a copy of it."""
+        import copy
+
         torch = self.torch
-        n_prompt, out_ids = len(row["prompt_token_ids"]), row["output_token_ids"]
-        ids = torch.tensor([row["prompt_token_ids"] + out_ids], device=self.device)
+        prompt, out_ids = row["prompt_token_ids"], row["output_token_ids"]
+        key = (id(net), tuple(prompt[:-1]))
         with torch.inference_mode():
-            logits = net(input_ids=ids).logits[0, n_prompt - 1 : n_prompt - 1 + len(out_ids)]
+            if len(prompt) > TWIN_PREFIX_MIN and key not in self.twin_prefixes:
+                prefix = torch.tensor([prompt[:-1]], device=self.device)
+                self.twin_prefixes[key] = net(input_ids=prefix, use_cache=True).past_key_values
+                while sum(len(k[1]) for k in self.twin_prefixes) > TWIN_PREFIX_TOKENS:
+                    self.twin_prefixes.pop(next(iter(self.twin_prefixes)))
+            if key in self.twin_prefixes:
+                ids = torch.tensor([prompt[-1:] + out_ids[:-1]], device=self.device)
+                past = copy.deepcopy(self.twin_prefixes[key])  # the forward pass extends it in place
+                logits = net(input_ids=ids, past_key_values=past, use_cache=True).logits[0]
+            else:
+                ids = torch.tensor([prompt + out_ids], device=self.device)
+                logits = net(input_ids=ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(out_ids)]
         logp = torch.log_softmax(logits.float(), dim=-1)
         return [float(x) for x in logp.gather(1, torch.tensor(out_ids, device=self.device)[:, None])[:, 0]]
 
