@@ -7,7 +7,7 @@
     fleet query RUN_DIR|RESULTS_ROOT "SQL" [--format table|csv|json] | --tables
 
     fleet run --check MANIFEST | --check --resume RUN_DIR   everything before Ray starts, nothing written
-    fleet calibrate MANIFEST [--repeats N] [--set KEY=VALUE ...]   mutants of each vllm candidate: the power table
+    fleet calibrate MANIFEST [--repeats N] [--set KEY=VALUE ...] [--healthy RUN_DIR]   mutants: the power table
 
 Exit codes: 0 done (and every gate passed); 2 bad input (one message of at most 3 lines, no
 traceback, nothing written); 3 the run finished but some model/target/shard failed (and no gate
@@ -77,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--run-id", help="run directory prefix (default: <manifest stem>-calibrate-<UTC time>)")
     cal.add_argument("--repeats", type=int, default=3, help="healthy copies of each candidate (default 3)")
     cal.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE", help="as in run")
+    cal.add_argument("--healthy", metavar="RUN_DIR", help="reuse this finished healthy run instead of running it")
 
     report = sub.add_parser("report", help="recompute and print the summary from a run directory's Parquet files")
     report.add_argument(
@@ -156,7 +157,12 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise UserError(f"--repeats {args.repeats}: expected 1 to 10")
     run_id = args.run_id or default_run_id(args.manifest.with_stem(f"{args.manifest.stem}-calibrate"))
     table, lines = calibrate.calibrate(
-        args.manifest, results_dir=args.results, run_id=run_id, repeats=args.repeats, overrides=args.overrides
+        args.manifest,
+        results_dir=args.results,
+        run_id=run_id,
+        repeats=args.repeats,
+        overrides=args.overrides,
+        healthy_dir=args.healthy,
     )
     print(markdown(table, columns.CALIBRATION))
     print("\n".join(f"- {line}" for line in lines))

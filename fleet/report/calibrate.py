@@ -68,9 +68,16 @@ def _rope_base(config: dict[str, Any], factor: float) -> dict[str, Any] | None:
 
 
 def calibrate(
-    manifest_path: Path, *, results_dir: str | Path, run_id: str, repeats: int, overrides: Sequence[str] = ()
+    manifest_path: Path,
+    *,
+    results_dir: str | Path,
+    run_id: str,
+    repeats: int,
+    overrides: Sequence[str] = (),
+    healthy_dir: str | Path | None = None,
 ) -> tuple[pl.DataFrame, list[str]]:
-    """Run both runs; return the power table and its summary lines (the goal, the flat-model warning)."""
+    """Run both runs (the healthy one only when `healthy_dir`, a finished one, is not given); return
+    the power table and its summary lines (the goal, the flat-model warning)."""
     raw = load_yaml(read_text(manifest_path, what="manifest"), source=str(manifest_path))
     reference = raw.get("reference") if isinstance(raw, dict) else None
     targets = [t for t in raw.get("targets") or [] if isinstance(t, dict)] if isinstance(raw, dict) else []
@@ -81,11 +88,15 @@ def calibrate(
     cut = [*overrides, "perf=[]", "probes={}"]
     healthy = [{k: v for k, v in t.items() if k not in ("after", "matrix")} | {"repeat": repeats} for t in candidates]
     ref_target = [t for t in targets if t.get("name") == reference]
-    healthy_dir, _ = driver.run(
-        manifest_path, results_dir=results_dir, run_id=f"{run_id}-healthy", progress=False,
-        overrides=[*cut, f"targets={json.dumps(ref_target + healthy)}"],
-    )  # fmt: skip
+    if healthy_dir is None:
+        healthy_dir, _ = driver.run(
+            manifest_path, results_dir=results_dir, run_id=f"{run_id}-healthy", progress=False,
+            overrides=[*cut, f"targets={json.dumps(ref_target + healthy)}"],
+        )  # fmt: skip
     info = reader.read_info(healthy_dir)
+    if info.get("status") != "complete":
+        msg = f"{healthy_dir}: the healthy run is {info.get('status')!r}, not complete: run it again"
+        raise UserError(msg)
     models = [m["name"] for m in (info.get("manifest_resolved") or {}).get("models") or []]
     configs = {m: _config(info, m) for m in models}
     config = next(iter(configs.values()))  # one model: the family of mutants is built from it
@@ -96,7 +107,7 @@ def calibrate(
                 change = make(config)
                 if change is None:
                     continue
-                name = f"{cand['name']}~{label.replace(' ', '-')}"
+                name = f"{cand['name']}.mutant-{label.replace(' ', '-')}"
                 engine_args = dict(cand.get("engine_args") or {})
                 engine_args["hf_overrides"] = dict(engine_args.get("hf_overrides") or {}) | change
                 keep = {k: v for k, v in cand.items() if k not in ("after", "matrix", "repeat", "name", "engine_args")}
