@@ -23,26 +23,6 @@ from fleet.run.placement import check_fits, footprint
 
 pytestmark = pytest.mark.engine
 
-SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    from pathlib import Path
-    from ray.cluster_utils import Cluster
-    import ray
-    from fleet.run import driver
-
-    cluster = Cluster()
-    for _ in range(2):
-        cluster.add_node(num_cpus=4, resources={"NPU": 8})
-    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
-    nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
-    run_dir, outcome = driver.run(Path(sys.argv[1]), results_dir=Path(sys.argv[2]), run_id="sim", progress=False)
-    print(json.dumps({"nodes": list(nodes), "failures": outcome.failures}))
-    ray.shutdown()
-    cluster.shutdown()
-    """
-)
-
 MANIFEST = textwrap.dedent(
     """
     models:
@@ -97,22 +77,13 @@ def test_cluster_too_small_is_a_clear_error_before_anything_is_written(tmp_path:
     assert not (tmp_path / "results").exists()
 
 
-def test_two_nodes_of_eight_npus(tmp_path: Path) -> None:
-    script = tmp_path / "sim.py"
-    script.write_text(SCRIPT)
-    results = tmp_path / "results"
-    proc = subprocess.run(
-        [sys.executable, str(script), str(manifest(tmp_path, 4)), str(results)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_two_nodes_of_eight_npus(cluster_runs: tuple[Path, list[str]]) -> None:
+    results, lines = cluster_runs
+    summary = json.loads(lines[0])
     assert summary["failures"] == {}
     info = json.loads((results / "sim" / "run.json").read_text())
     prov = info["provenance"]
-    assert len(prov) == 4 * 3
+    assert len(prov) == 3 * 3
     # Every actor landed on one of the two simulated nodes, and both nodes were used.
     used = {p["node_id"] for p in prov.values()}
     assert used <= set(summary["nodes"]) and len(used) == 2
@@ -121,8 +92,8 @@ def test_two_nodes_of_eight_npus(tmp_path: Path) -> None:
         ids = json.loads(p["accelerator_ids"]).get("NPU", [])
         assert len(ids) == (4 if key.endswith("/tp4") else 1), (key, ids)
         assert key.endswith("/tp4") or p["visible_devices"] == ",".join(ids)
-    # 4 models x 6 cards fit 16 cards only 2 at a time: the scheduler admits two, then reuses
-    # their cards for the next two as each finishes.
+    # 3 models x 6 cards fit 16 cards only 2 at a time: the scheduler admits two, then reuses
+    # their cards for the third once one finishes (a fourth model would only repeat that hand-over).
     times = info["models"]
     admitted = sorted(t["admitted_at"] for t in times.values())
     first_finish = min(t["finished_at"] for t in times.values())
@@ -146,12 +117,15 @@ PP_MANIFEST = textwrap.dedent(
     """
 )
 
+# One simulated cluster for both runs below (a process holds one Ray; the cluster's start is the
+# cost): 2 nodes x 8 `NPU`. First the 3-model run, then the two-node engine's run and the hand-over.
+#
 # The hand-over: fleet reserves the group exactly as for a run (fleet.run.slots.reserve) and an
 # actor placed as the engine's would be runs vLLM's own Ray-executor set-up on it
 # (initialize_ray_cluster, then the rank -> bundle order its workers take). vLLM's CPU platform
 # has no Ray device (empty ray_device_key), so the probe gives it vllm-ascend's, "NPU"; every
 # check after that is vLLM's code as on an Atlas node.
-PP_SCRIPT = textwrap.dedent(
+SCRIPT = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
@@ -163,10 +137,13 @@ PP_SCRIPT = textwrap.dedent(
 
     cluster = Cluster()
     for _ in range(2):
-        cluster.add_node(num_cpus=2, resources={"NPU": 8})
+        cluster.add_node(num_cpus=4, resources={"NPU": 8})
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
-    manifest = Path(sys.argv[1])
-    run_dir, outcome = driver.run(manifest, results_dir=Path(sys.argv[2]), run_id="pp", progress=False)
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    sim_manifest, pp_manifest, results = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    _, sim = driver.run(sim_manifest, results_dir=results, run_id="sim", progress=False)
+    print(json.dumps({"nodes": nodes, "failures": sim.failures}), flush=True)
+    _, pp = driver.run(pp_manifest, results_dir=results, run_id="pp", progress=False)
 
     @ray.remote
     class VllmDriverProbe:
@@ -188,13 +165,13 @@ PP_SCRIPT = textwrap.dedent(
                 "rank_bundles": [b for b, _, _ in ranks],
             }
 
-    target = load(manifest).target("tp8pp2")
+    target = load(pp_manifest).target("tp8pp2")
     pg, options = reserve(target)
     options.pop("runtime_env")
     probe = VllmDriverProbe.options(**options).remote()
     seen = ray.get(probe.hand_over.remote(), timeout=300)
     seen["fleet_pg"] = pg.id.hex()
-    print(json.dumps({"nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]], "failures": outcome.failures,
+    print(json.dumps({"nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]], "failures": pp.failures,
                       "hand_over": seen}))
     ray.shutdown()
     cluster.shutdown()
@@ -202,18 +179,31 @@ PP_SCRIPT = textwrap.dedent(
 )
 
 
-def test_an_engine_over_two_nodes_gets_one_bundle_per_card_and_vllm_takes_them(tmp_path: Path) -> None:
-    (tmp_path / "m.yaml").write_text(PP_MANIFEST)
-    (tmp_path / "pp.py").write_text(PP_SCRIPT)
-    results = tmp_path / "results"
+@pytest.fixture(scope="module")
+def cluster_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """Both runs on the one simulated cluster: (results directory, the script's output lines: the
+    3-model run's summary, then the two-node engine's)."""
+    base = tmp_path_factory.mktemp("cluster")
+    (base / "sim.py").write_text(SCRIPT)
+    (base / "pp.yaml").write_text(PP_MANIFEST)
+    results = base / "results"
     proc = subprocess.run(
-        [sys.executable, str(tmp_path / "pp.py"), str(tmp_path / "m.yaml"), str(results)],
+        [sys.executable, str(base / "sim.py"), str(manifest(base, 3)), str(base / "pp.yaml"), str(results)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summaries = [line for line in proc.stdout.splitlines() if line.startswith('{"nodes"')]
+    assert len(summaries) == 2, proc.stdout[-3000:]
+    return results, summaries
+
+
+def test_an_engine_over_two_nodes_gets_one_bundle_per_card_and_vllm_takes_them(
+    cluster_runs: tuple[Path, list[str]],
+) -> None:
+    results, lines = cluster_runs
+    summary = json.loads(lines[1])
     assert summary["failures"] == {}
     nodes = set(summary["nodes"])
     assert len(nodes) == 2
