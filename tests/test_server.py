@@ -1,20 +1,22 @@
 """`vllm-server` and `endpoint` targets against a real vLLM OpenAI server on 127.0.0.1.
 
 One server for the module, hosted the way the scheduler hosts every target: a TargetActor on
-the session's local Ray. An `endpoint` target then runs a whole manifest against it with a sentinel
-key, and nothing written (results, run.json, logs) may contain that key.
+the session's local Ray. One whole run (`served_run`) then takes both HTTP target kinds against one
+HF float32 reference: an `endpoint` target against the module's server with a sentinel key (nothing
+written, results, run.json, logs, may contain that key), and a `vllm-server` target the scheduler
+starts and stops itself. The two kinds used to run one manifest each, each with its own reference.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 from fleet.contracts.errors import UserError
@@ -79,6 +81,50 @@ def server(local_ray: Any) -> Iterator[tuple[Any, dict[str, str]]]:
     local_ray.kill(actor)
 
 
+SERVED_MANIFEST = """
+models: [{model}]
+prompts:
+  four: {prompts}
+targets:
+  - {{name: hf-fp32, kind: hf, device: cpu, dtype: float32}}
+  - {{name: endpoint, kind: endpoint, base_url: "{base_url}",
+      api_key_env: FLEET_TEST_ENDPOINT_KEY, served_model: tiny-llama}}
+  - {{name: served, kind: vllm-server, device: cpu, dtype: float32, max_model_len: 256}}
+reference: hf-fp32
+sampling: {{max_tokens: 12, logprobs: 5}}
+perf:
+  - {{name: s, concurrency: [2], input_tokens: 16, output_tokens: 8, num_requests: 4, warmup_requests: 1,
+     targets: [served]}}
+"""
+
+
+def other_api_servers(server: tuple[Any, dict[str, str]]) -> list[int]:
+    """vLLM API server processes other than the module server's (which stays up for the module)."""
+    marker = "vllm.entrypoints.openai.api_server"
+    return sorted(set(processes_with(marker)) - set(processes_with(marker, int(server[1]["server_pgid"]))))
+
+
+@pytest.fixture(scope="module")
+def served_run(
+    server: tuple[Any, dict[str, str]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, list[int]]:
+    """One run of both HTTP target kinds: (manifest, run directory, the API servers other than the
+    module's still alive once the run returned, waited for up to 10 s)."""
+    from fleet.run import driver
+
+    base = tmp_path_factory.mktemp("served-run")
+    manifest = base / "served.yaml"
+    prompts = [{"id": f"p{i}", "prompt": p} for i, p in enumerate(PROMPTS)]
+    manifest.write_text(SERVED_MANIFEST.format(model=MODEL, prompts=prompts, base_url=server[1]["base_url"]))
+    run_dir, outcome = driver.run(manifest, results_dir=base / "results", run_id="served", progress=False)
+    assert not outcome.failures and not outcome.partial, (outcome.failures, outcome.failed_shards)
+    for _ in range(50):
+        if not other_api_servers(server):
+            break
+        time.sleep(0.2)
+    return manifest, Path(run_dir), other_api_servers(server)
+
+
 def test_smoke_checks_pass_on_every_route(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
     rows = engine_call(local_ray, server[0], lambda e: e.smoke()).to_pylist()
     assert [(r["check"], r["passed"], r["status"]) for r in rows] == [
@@ -141,30 +187,13 @@ def test_perf_over_streaming_http(server: tuple[Any, dict[str, str]], local_ray:
 
 
 def test_endpoint_target_matches_the_reference_and_never_writes_its_key(
-    server: tuple[Any, dict[str, str]], tmp_path: Path
+    server: tuple[Any, dict[str, str]], served_run: tuple[Path, Path, list[int]], tmp_path: Path
 ) -> None:
     from fleet.analysis import parity as analysis
     from fleet.results import reader
     from fleet.run import driver
 
-    manifest = tmp_path / "endpoint.yaml"
-    manifest.write_text(
-        textwrap.dedent(
-            f"""
-            models: [{MODEL}]
-            prompts:
-              four: {[{"id": f"p{i}", "prompt": p} for i, p in enumerate(PROMPTS)]}
-            targets:
-              - {{name: hf-fp32, kind: hf, device: cpu, dtype: float32}}
-              - {{name: served, kind: endpoint, base_url: "{server[1]["base_url"]}",
-                  api_key_env: FLEET_TEST_ENDPOINT_KEY, served_model: tiny-llama}}
-            reference: hf-fp32
-            sampling: {{max_tokens: 12, logprobs: 5}}
-            """
-        )
-    )
-    run_dir, outcome = driver.run(manifest, results_dir=tmp_path / "results", run_id="ep", progress=False)
-    assert not outcome.failures, outcome.failures
+    manifest, run_dir, _ = served_run
     # Every other field that could carry the key refuses it before anything is written, and says
     # so without repeating it (the scan below then finds it nowhere, these manifests deleted).
     text, url = manifest.read_text(), server[1]["base_url"]
@@ -184,13 +213,18 @@ def test_endpoint_target_matches_the_reference_and_never_writes_its_key(
         assert SENTINEL not in str(refused.value)
         assert not (tmp_path / "results" / "leak").exists()
     t = reader.load(run_dir)
-    [row] = analysis.parity(t["requests"], t["tokens"], "hf-fp32").to_dicts()
+    [row] = analysis.parity(t["requests"], t["tokens"], "hf-fp32").filter(pl.col("target") == "endpoint").to_dicts()
     assert row["n_prompts"] == 4 and row["tf_top1_agreement"] == 1.0 and row["tf_max_abs_logprob_diff"] < 1e-4
     # Everything written or logged: results, run.json, the Ray session's logs, the server's log.
     import ray
 
     session = Path(ray._private.worker._global_node.get_session_dir_path())
-    files = [*tmp_path.rglob("*"), *session.rglob("*"), Path(server[1]["server_log"])]
+    files = [
+        *tmp_path.rglob("*"),
+        *run_dir.parent.parent.rglob("*"),
+        *session.rglob("*"),
+        Path(server[1]["server_log"]),
+    ]
     leaked = [f for f in files if f.is_file() and SENTINEL.encode() in f.read_bytes()]
     assert leaked == []
     assert "base_url" in (run_dir / "run.json").read_text()  # the provenance is there, the key is not
@@ -243,40 +277,19 @@ def test_failed_starts_say_why_and_leave_nothing(fleet_cache: Path) -> None:
     assert "vLLM server exited with code 1" in str(failed.value)
 
 
-def test_vllm_server_target_through_the_scheduler(local_ray: Any, tmp_path: Path) -> None:
+def test_vllm_server_target_through_the_scheduler(served_run: tuple[Path, Path, list[int]]) -> None:
     """A whole run with a served target: smoke checks, parity over HTTP, a perf scenario over
-    streaming HTTP, and the server gone afterwards."""
+    streaming HTTP, and the server gone afterwards (the run in `served_run`)."""
     from fleet.analysis import parity as analysis
     from fleet.results import reader
-    from fleet.run import driver
 
-    manifest = tmp_path / "served.yaml"
-    manifest.write_text(
-        textwrap.dedent(
-            f"""
-            models: [{MODEL}]
-            prompts:
-              four: {[{"id": f"p{i}", "prompt": p} for i, p in enumerate(PROMPTS)]}
-            targets:
-              - {{name: hf-fp32, kind: hf, device: cpu, dtype: float32}}
-              - {{name: served, kind: vllm-server, device: cpu, dtype: float32, max_model_len: 256}}
-            reference: hf-fp32
-            sampling: {{max_tokens: 12, logprobs: 5}}
-            perf:
-              - {{name: s, concurrency: [2], input_tokens: 16, output_tokens: 8, num_requests: 4, warmup_requests: 1}}
-            """
-        )
-    )
-    run_dir, outcome = driver.run(manifest, results_dir=tmp_path / "results", run_id="srv", progress=False)
-    assert not outcome.partial, (outcome.failures, outcome.failed_shards)
+    _, run_dir, servers_left = served_run
     t = {name: frame.collect() for name, frame in reader.load(run_dir).items()}
-    assert sorted(t["smoke"]["check"].to_list()) == ["chat/completions", "completions", "models"]
-    assert t["smoke"]["passed"].all()
-    [row] = analysis.parity(t["requests"], t["tokens"], "hf-fp32").to_dicts()
+    smoke = t["smoke"].filter(pl.col("target") == "served")
+    assert sorted(smoke["check"].to_list()) == ["chat/completions", "completions", "models"]
+    assert smoke["passed"].all()
+    [row] = analysis.parity(t["requests"], t["tokens"], "hf-fp32").filter(pl.col("target") == "served").to_dicts()
     assert row["tf_top1_agreement"] == 1.0 and row["tf_max_abs_logprob_diff"] < 1e-4
     assert t["perf_requests"].height == 4 and (t["perf_requests"]["n_output_tokens"] == 8).all()
-    for _ in range(50):
-        if not processes_with("vllm.entrypoints.openai.api_server"):
-            break
-        time.sleep(0.2)
-    assert processes_with("vllm.entrypoints.openai.api_server") == []
+    assert (t["perf_requests"]["target"] == "served").all()
+    assert servers_left == []
