@@ -78,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--repeats", type=int, default=3, help="healthy copies of each candidate (default 3)")
     cal.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE", help="as in run")
     cal.add_argument("--healthy", metavar="RUN_DIR", help="reuse this finished healthy run instead of running it")
+    cal.add_argument("--mutants", metavar="RUN_DIR", help="reuse this finished mutants run instead of running it")
 
     report = sub.add_parser("report", help="recompute and print the summary from a run directory's Parquet files")
     report.add_argument(
@@ -163,6 +164,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         overrides=args.overrides,
         healthy_dir=args.healthy,
+        mutants_dir=args.mutants,
     )
     print(markdown(table, columns.CALIBRATION))
     print("\n".join(f"- {line}" for line in lines))

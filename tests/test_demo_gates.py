@@ -40,12 +40,15 @@ def test_the_demo_gates_pass_healthy_copies_and_catch_the_mutants(local_ray: obj
     numeric = [g for g in demo["gates"] if g["metric"] != "task_accuracy_delta"]
     path = tmp_path / "m.yaml"
     path.write_text(MANIFEST + yaml.safe_dump({"gates": numeric}))
-    table, lines = calibrate.calibrate(path, results_dir=tmp_path / "results", run_id="cal", repeats=2)
+    table, lines = calibrate.calibrate(path, results_dir=tmp_path / "results", run_id="cal", repeats=1)
     healthy = table.filter(pl.col("family").is_null())
-    assert healthy.height == 2 and not healthy["caught"].any(), healthy
+    assert healthy.height == 1 and not healthy["caught"].any(), healthy
     caught = dict(table.filter(pl.col("family").is_not_null()).select("mutation", "caught").iter_rows())
-    for mutation in ("rms_norm_eps x100", "rope base x0.8", "activation swapped"):
+    for mutation in ("rms_norm_eps x100", "rope base x0.8"):
         assert caught[mutation], (mutation, table)
+    # vLLM's llama runs silu only: the swapped activation is refused at start, listed, not counted.
+    [refused] = table.filter(pl.col("mutation") == "activation swapped").to_dicts()
+    assert refused["caught"] is None and refused["failed_gates"].startswith("did not start"), refused
     assert any(line.startswith("goal holds") for line in lines), lines
     assert not any("cannot tell" in line for line in lines)  # init_std 0.1: peaked outputs
 

@@ -75,9 +75,11 @@ def calibrate(
     repeats: int,
     overrides: Sequence[str] = (),
     healthy_dir: str | Path | None = None,
+    mutants_dir: str | Path | None = None,
 ) -> tuple[pl.DataFrame, list[str]]:
-    """Run both runs (the healthy one only when `healthy_dir`, a finished one, is not given); return
-    the power table and its summary lines (the goal, the flat-model warning)."""
+    """Run both runs (each only when its finished run directory is not given: the table is then
+    recomputed from stored rows, e.g. with changed gates); return the power table and its summary
+    lines (the goal, the flat-model warning)."""
     raw = load_yaml(read_text(manifest_path, what="manifest"), source=str(manifest_path))
     reference = raw.get("reference") if isinstance(raw, dict) else None
     targets = [t for t in raw.get("targets") or [] if isinstance(t, dict)] if isinstance(raw, dict) else []
@@ -113,10 +115,12 @@ def calibrate(
                 keep = {k: v for k, v in cand.items() if k not in ("after", "matrix", "repeat", "name", "engine_args")}
                 mutants.append(keep | {"name": name, "engine_args": engine_args})
                 meta[name] = {"candidate": cand["name"], "family": family, "mutation": label, "size": size}
-    mutant_dir, _ = driver.run(
-        manifest_path, results_dir=results_dir, run_id=f"{run_id}-mutants", progress=False,
-        overrides=[*cut, f"targets={json.dumps(ref_target + mutants)}"],
-    )  # fmt: skip
+    if mutants_dir is None:
+        mutants_dir, _ = driver.run(
+            manifest_path, results_dir=results_dir, run_id=f"{run_id}-mutants", progress=False,
+            overrides=[*cut, f"targets={json.dumps(ref_target + mutants)}"],
+        )  # fmt: skip
+    mutant_dir = mutants_dir
     gates = _gates(raw, meta)
     table = pl.concat([_rows(healthy_dir, gates, None), _rows(mutant_dir, gates, meta)], how="diagonal_relaxed")
     return table, summary(table, reference_top1_p(RunReport.build(healthy_dir, gates=[])))
@@ -155,6 +159,7 @@ def _rows(run_dir: str | Path, gates: list[Any], meta: dict[str, dict[str, Any]]
         rows.append(
             {
                 "target": r["target"],
+                "started": True,
                 "candidate": m.get("candidate", r["target"].split(".repeat-")[0]),
                 "mutation": m.get("mutation", "none (healthy)"),
                 "family": m.get("family"),
@@ -168,7 +173,15 @@ def _rows(run_dir: str | Path, gates: list[Any], meta: dict[str, dict[str, Any]]
                 "failed_gates": ", ".join(failed) or "-",
             }
         )
-    return pl.DataFrame(rows)
+    failures = report.info.get("failures") or {}
+    for target, m in (meta or {}).items():  # a mutant vLLM refuses to load is no port it could ship
+        reason = next((why for key, why in failures.items() if key.split("/", 1)[1] == target), None)
+        if reason is not None and target not in {r["target"] for r in rows}:
+            rows.append(
+                {"target": target, "started": False, "candidate": m["candidate"], "mutation": m["mutation"]}
+                | {"family": m["family"], "size": m["size"], "caught": None, "failed_gates": f"did not start: {reason}"}
+            )
+    return pl.DataFrame(rows, infer_schema_length=None)
 
 
 def _index(info: dict[str, Any], target: str) -> int:
@@ -183,13 +196,18 @@ def summary(table: pl.DataFrame, p_top: float | None) -> list[str]:
     alarms = sound.filter(pl.col("caught"))
     lines.append(f"healthy: {sound.height - alarms.height}/{sound.height} copies passed every gate")
     for (cand, family), group in mutants.group_by("candidate", "family", maintain_order=True):
-        caught = group.filter(pl.col("caught")).sort("size")
+        ran = group.filter(pl.col("caught").is_not_null())
+        caught = ran.filter(pl.col("caught")).sort("size")
         smallest = f"catches {caught['mutation'][0]} and more" if caught.height else "catches none"
-        lines.append(f"{cand}, {family}: {caught.height}/{group.height} caught; {smallest}")
+        refused = group.height - ran.height
+        lines.append(
+            f"{cand}, {family}: {caught.height}/{ran.height} caught; {smallest}"
+            + (f" ({refused} refused by vLLM at start, not counted)" if refused else "")
+        )
     # float32: the noise is 10x the twin's (parity.allowance), so an excess above 1 is 10x float32's noise.
     must = (pl.col("dtype") == "float32") & (pl.col("tf_excess") > 1)
     must |= (pl.col("dtype") != "float32") & (pl.col("tf_excess_ci_low") > 1)
-    missed = mutants.filter(must & ~pl.col("caught"))
+    missed = mutants.filter(must & (pl.col("caught") == False))  # noqa: E712  (null: did not start)
     goal = "holds" if missed.is_empty() and alarms.is_empty() else "MISSED"
     lines.append(f"goal {goal}: {missed.height} mutant(s) beyond precision passed, {alarms.height} false alarm(s)")
     if p_top is not None and p_top < FLAT_P:
