@@ -79,5 +79,7 @@ def test_unknown_builtin_lists_the_known_ones(tmp_path: Path) -> None:
         "models: [{name: m, source: {kind: synthetic}}]\nprompts: {x: {builtin: gsm9k}}\n"
         "targets: [{name: ref, kind: hf}]\nreference: ref\n"
     )
-    with pytest.raises(ManifestError, match="no built-in set 'gsm9k'; built-in sets: arith-knowledge, smollm-six"):
+    with pytest.raises(
+        ManifestError, match="no built-in set 'gsm9k'; built-in sets: arith-knowledge, long-context, smollm-six"
+    ):
         load(manifest)

@@ -83,6 +83,7 @@ class Cluster:
     in_flight: list[tuple[str, ...]] = field(default_factory=list)
     overlaps: list[tuple[tuple[str, ...], ...]] = field(default_factory=list)  # a CPU perf level not alone
     actors: itertools.count[int] = field(default_factory=itertools.count)
+    twins: list[str | None] = field(default_factory=list)  # the twin dtype each score call asked for
 
 
 class Ref:
@@ -147,8 +148,9 @@ class Actor:
     def do_generate(self, shard: Any) -> Any:
         return self.engine.generate(shard)
 
-    def do_score(self, requests: pa.Table, *, k: int) -> pa.Table:
-        return self.engine.score(requests, k=k)
+    def do_score(self, requests: pa.Table, *, k: int, twin: str | None = None) -> pa.Table:
+        self.cluster.twins.append(twin)  # the driver asks for the candidate's dtype
+        return self.engine.score(requests, k=k, twin=twin)
 
     def do_perf(self, scenario: Any, level: int, prompts: Any) -> PerfResult:
         at = {**self.keys, "scenario": scenario.name, "level": level}
@@ -252,7 +254,8 @@ def test_every_kind_of_work_runs_once_and_is_written(cluster: Cluster, tmp_path:
     assert sorted(t["logits"]["target"]) == sorted(LOGITS_TARGETS * MODELS)
     assert sorted(t["layers"]["target"]) == sorted(LAYERS_TARGETS * MODELS)
     assert sorted(t["smoke"]["target"]) == sorted(SMOKE_TARGETS * MODELS)
-    # Each candidate shard is scored by the reference, once.
+    # Each candidate shard is scored by the reference, once, with a precision twin at its dtype.
+    assert cluster.twins and set(cluster.twins) == {"bfloat16"}
     scored = sorted(d for _, m, d in calls(cluster, "score"))
     assert scored == sorted(f"m1/{c}/p/{i:05d}" for c in ("vl", "ep") for i in range(SHARDS_PER_TARGET))
     assert {target for target, *_ in calls(cluster, "score")} == {"ref"}
