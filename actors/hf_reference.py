@@ -47,7 +47,7 @@ class HFEngine(Engine):
             trust_remote_code=trust,
         ).to(self.device)
         self.net.eval()
-        self.model_class, self.twins = AutoModelForCausalLM, dict[str, Any]()
+        self.twins: dict[str, Any] = {}  # dtype -> the precision twin (_twin)
         self.twin_prefixes: dict[tuple[int, tuple[int, ...]], Any] = {}  # oldest first
         # Stop on the same ids vLLM stops on: the tokenizer's EOS and generation_config's.
         stops = {self.tokenizer.eos_token_id}
@@ -201,7 +201,9 @@ class HFEngine(Engine):
         docs/platform.md). Built once per dtype, kept beside the reference."""
         if dtype not in self.twins:
             other = "eager" if self.args.attn_implementation == "sdpa" else "sdpa"
-            net = self.model_class.from_pretrained(
+            from transformers import AutoModelForCausalLM
+
+            net = AutoModelForCausalLM.from_pretrained(
                 self.model.path,
                 dtype=getattr(self.torch, dtype),
                 attn_implementation=other,

@@ -47,7 +47,14 @@ def noise(tokens: Frame, reference: str) -> pl.DataFrame:
     )
 
 
-def divergences(requests: Frame, tokens: Frame, reference: str, *, spec: NoiseSpec | None = None) -> pl.DataFrame:
+def divergences(
+    requests: Frame,
+    tokens: Frame,
+    reference: str,
+    *,
+    spec: NoiseSpec | None = None,
+    noise_table: pl.DataFrame | None = None,
+) -> pl.DataFrame:
     """Per candidate prompt: its first divergence (null when the outputs are identical) classified.
 
     Output: model, target, prompt_set, prompt_id, first_divergence, cand_token, ref_token,
@@ -68,8 +75,9 @@ def divergences(requests: Frame, tokens: Frame, reference: str, *, spec: NoiseSp
         _cand_topk="topk_ids",
     )
     spec = spec or NoiseSpec()
-    if spec.near_tie_nats is None:
-        threshold = noise_model.near_tie_threshold(tokens, reference, spec).lazy()
+    if spec.near_tie_nats is None:  # noise_table: noise_model.summary, when the caller has it already
+        table = noise_model.summary(tokens, reference, spec) if noise_table is None else noise_table
+        threshold = table.lazy().select(*RUN, "noise")
     else:
         threshold = seq.select(*RUN).unique().with_columns(noise=pl.lit(spec.near_tie_nats, dtype=_F64))
     ref_token = pl.col("_ref_ids").list.get(pl.col("first_divergence"), null_on_oob=True)
@@ -108,10 +116,19 @@ def summary(requests: Frame, tokens: Frame, reference: str, *, spec: NoiseSpec |
     """Per (model, candidate): near_ties, real_divergences, first_top1_agreement_excl_ties (a
     first-token flip that is a near tie counts as agreement), seq_match_rate_excl_ties, the
     candidate's own tf_p99_abs_logprob_diff, and the noise model's columns."""
-    return summary_of(divergences(requests, tokens, reference, spec=spec), tokens, reference, spec=spec)
+    table = noise_model.summary(tokens, reference, spec)  # one bootstrap for both
+    per_prompt = divergences(requests, tokens, reference, spec=spec, noise_table=table)
+    return summary_of(per_prompt, tokens, reference, noise_table=table)
 
 
-def summary_of(per_prompt: Frame, tokens: Frame, reference: str, *, spec: NoiseSpec | None = None) -> pl.DataFrame:
+def summary_of(
+    per_prompt: Frame,
+    tokens: Frame,
+    reference: str,
+    *,
+    spec: NoiseSpec | None = None,
+    noise_table: pl.DataFrame | None = None,
+) -> pl.DataFrame:
     """`summary` from divergences already computed (a report needs both; each costs a pass)."""
     tie = pl.col("kind") == "near tie"
     first_ok = pl.col("first_divergence").is_null() | (pl.col("first_divergence") > 0) | tie
@@ -125,7 +142,11 @@ def summary_of(per_prompt: Frame, tokens: Frame, reference: str, *, spec: NoiseS
             seq_match_rate_excl_ties=(pl.col("kind") != "divergence").mean(),
         )
         .join(noise(tokens, reference).lazy(), on=RUN, how="left")
-        .join(noise_model.summary(tokens, reference, spec).lazy(), on=RUN, how="left")
+        .join(
+            (noise_model.summary(tokens, reference, spec) if noise_table is None else noise_table).lazy(),
+            on=RUN,
+            how="left",
+        )
         .sort(RUN)
         .collect()
     )

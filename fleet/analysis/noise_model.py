@@ -96,8 +96,9 @@ def summary(tokens: Frame, reference: str, spec: NoiseSpec | None = None) -> pl.
 def _one(group: pl.DataFrame, spec: NoiseSpec, model_name: str, target: str) -> dict[str, Any]:
     dtype = spec.dtype(model_name, target)
     allowance = spec.allowance.get(dtype, 1.0)
-    cand = [g["cand_diff"].to_numpy() for _, g in group.group_by("prompt_set", "prompt_id", maintain_order=True)]
-    twin = [g["twin_diff"].to_numpy() for _, g in group.group_by("prompt_set", "prompt_id", maintain_order=True)]
+    prompts = [g for _, g in group.group_by("prompt_set", "prompt_id", maintain_order=True)]
+    cand = [g["cand_diff"].to_numpy() for g in prompts]
+    twin = [g["twin_diff"].to_numpy() for g in prompts]
     if any(np.isnan(c).any() for c in cand):  # a NaN logprob: nothing here can be measured
         return dict.fromkeys(COLUMNS) | {"noise_source": "not measured: NaN logprobs"}
     has_twin = all(not np.isnan(t).any() for t in twin)  # nulls arrive as NaN
@@ -145,12 +146,3 @@ def _verdict(low: float | None, high: float | None) -> str | None:
     if low > 1:
         return "exceeds precision"
     return "within precision" if high <= 1 else "within precision (interval reaches above 1)"
-
-
-def near_tie_threshold(tokens: Frame, reference: str, spec: NoiseSpec | None = None) -> pl.DataFrame:
-    """Per (model, candidate): `noise`, the near-tie threshold (the manifest's fixed one if set)."""
-    spec = spec or NoiseSpec()
-    noise = summary(tokens, reference, spec).select(*RUN, "noise")
-    if spec.near_tie_nats is not None:
-        noise = noise.with_columns(noise=pl.lit(spec.near_tie_nats, dtype=pl.Float64))
-    return noise

@@ -100,8 +100,7 @@ def calibrate(
         msg = f"{healthy_dir}: the healthy run is {info.get('status')!r}, not complete: run it again"
         raise UserError(msg)
     models = [m["name"] for m in (info.get("manifest_resolved") or {}).get("models") or []]
-    configs = {m: _config(info, m) for m in models}
-    config = next(iter(configs.values()))  # one model: the family of mutants is built from it
+    config = _config(info, models[0])  # the mutants are built from the first model's config
     mutants, meta = [], {}
     for cand in candidates:
         for family, mutations in MUTATIONS.items():

@@ -22,7 +22,7 @@ from typing import Any
 
 import polars as pl
 
-from fleet.analysis import consistency, divergence, noise_floor, probes
+from fleet.analysis import consistency, divergence, noise_floor, noise_model, probes
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
 from fleet.analysis.noise_model import NoiseSpec
@@ -89,8 +89,9 @@ class RunReport:
         manifest = info.get("manifest_resolved") or {}
         variants, repeats = manifest.get("variants") or {}, manifest.get("repeats") or {}
         spec = NoiseSpec.from_info(info)
-        per_prompt = divergence.divergences(requests, tokens, ref, spec=spec)
-        ties = divergence.summary_of(per_prompt, tokens, ref, spec=spec)
+        noise_table = noise_model.summary(tokens, ref, spec)  # the bootstrap once, for both
+        per_prompt = divergence.divergences(requests, tokens, ref, spec=spec, noise_table=noise_table)
+        ties = divergence.summary_of(per_prompt, tokens, ref, noise_table=noise_table)
         sequences = divergence.worst(_sequences(requests, ref), per_prompt, top)
         first = analysis.first_step(tokens, ref)
         report = cls(
