@@ -36,6 +36,11 @@ class TargetActor:
         self.target = target
         source = resolver(model.source)
         path = source.local_dir()
+        noise = getattr(target, "weight_noise", None)
+        if noise is not None:  # a calibrate mutant: a noisy copy, whose own digest provenance records
+            from actors.weight_noise import noisy_copy
+
+            path = noisy_copy(path, weights_digest(path), noise)
         self.model = ResolvedModel(model, path, weights_digest(path), source.resolved_revision())
         self.engine = engine_class(target.kind)(target, self.model, sampling=sampling)
         guard_children()  # the engine's processes (a card's engine core, TP ranks) die with this actor

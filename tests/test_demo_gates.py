@@ -1,9 +1,11 @@
 """The demo's gates tell a healthy port from a broken one, measured the way `fleet calibrate` does:
 the same gates (manifests/demo.yaml) on healthy float32 vLLM copies and on mutants whose model
-config is changed the way ports go wrong, through vLLM's own `hf_overrides`."""
+config is changed the way ports go wrong, through vLLM's own `hf_overrides`, or whose weights carry
+seeded noise."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -44,8 +46,14 @@ def test_the_demo_gates_pass_healthy_copies_and_catch_the_mutants(local_ray: obj
     healthy = table.filter(pl.col("family").is_null())
     assert healthy.height == 1 and not healthy["caught"].any(), healthy
     caught = dict(table.filter(pl.col("family").is_not_null()).select("mutation", "caught").iter_rows())
-    for mutation in ("rms_norm_eps x100", "rope base x0.8"):
+    for mutation in ("rms_norm_eps x100", "rope base x0.8", "logit scale x1.05", "weight noise 0.01"):
         assert caught[mutation], (mutation, table)
+    # The weight mutants loaded a noisy copy, and their provenance says so.
+    [mutants] = (tmp_path / "results").glob("cal-mutants")
+    prov = json.loads((mutants / "run.json").read_text())["provenance"]
+    noisy = prov["tiny-llama/vllm-fp32.mutant-weight-noise-0.01"]
+    assert noisy["weights_sha256"] != prov["tiny-llama/hf-fp32"]["weights_sha256"]
+    assert "weight-noise" in noisy["model_dir"]
     # vLLM's llama runs silu only: the swapped activation is refused at start, listed, not counted.
     [refused] = table.filter(pl.col("mutation") == "activation swapped").to_dicts()
     assert refused["caught"] is None and refused["failed_gates"].startswith("did not start"), refused

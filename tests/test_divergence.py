@@ -137,3 +137,20 @@ def test_the_excess_interval_tells_precision_from_a_bug(scale: float, verdict: s
     [row] = noise_model.summary(_noisy_run(scale), REF, NoiseSpec(dtypes={("m", CAND): "bfloat16"})).to_dicts()
     assert row["tf_excess_ci_low"] < row["tf_excess"] < row["tf_excess_ci_high"]
     assert row["precision_verdict"].startswith(verdict), row
+
+
+def test_a_partial_twin_compares_the_positions_it_scored() -> None:
+    full = _noisy_run(1.0)
+    [whole] = noise_model.summary(full, REF, NoiseSpec(dtypes={("m", CAND): "bfloat16"})).to_dicts()
+    # The twin missing on one prompt (a failed twin shard): the others still give the noise, and the
+    # candidate is measured on the same positions, not the whole target sent to the default.
+    cut = full.with_columns(
+        twin_logprob=pl.when(pl.col("prompt_id") == "p3").then(None).otherwise(pl.col("twin_logprob"))
+    )
+    [row] = noise_model.summary(cut, REF, NoiseSpec(dtypes={("m", CAND): "bfloat16"})).to_dicts()
+    assert row["noise_source"] == "precision twin (bfloat16) x 1, on the 600 of 640 positions the twin scored"
+    expected = noise_model.summary(
+        cut.filter(pl.col("prompt_id") != "p3"), REF, NoiseSpec(dtypes={("m", CAND): "bfloat16"})
+    )
+    assert row["tf_excess"] == pytest.approx(expected["tf_excess"].item())
+    assert row["tf_excess"] != pytest.approx(whole["tf_excess"])

@@ -11,6 +11,8 @@ reference| at the same positions is what the candidate does differ by.
   float32 10, since kernel order is all of float32's error and implementations differ in it by a
   few x; 16-bit 1, since rounding dominates). Where no twin ran (an `endpoint` or `vllm`
   reference, `parity.twin: false`), DEFAULT_TWIN_P99 for the dtype, and `noise_source` says so.
+  Candidate and twin are compared over the same positions: where the twin scored only some (a
+  failed twin shard), the rest are left out of both, and `noise_source` gives the count.
   The near-tie rule (fleet/analysis/divergence.py) and the excess gates use this, never the
   candidate's own error: a worse candidate gets no wider tolerance.
 * **tf_excess**: the candidate's p99 |dlogp| over the noise, with a 95 % bootstrap interval over
@@ -96,23 +98,31 @@ def summary(tokens: Frame, reference: str, spec: NoiseSpec | None = None) -> pl.
 def _one(group: pl.DataFrame, spec: NoiseSpec, model_name: str, target: str) -> dict[str, Any]:
     dtype = spec.dtype(model_name, target)
     allowance = spec.allowance.get(dtype, 1.0)
-    prompts = [g for _, g in group.group_by("prompt_set", "prompt_id", maintain_order=True)]
-    cand = [g["cand_diff"].to_numpy() for g in prompts]
-    twin = [g["twin_diff"].to_numpy() for g in prompts]
-    if any(np.isnan(c).any() for c in cand):  # a NaN logprob: nothing here can be measured
+    if group["cand_diff"].is_nan().any():  # a NaN logprob: nothing here can be measured
         return dict.fromkeys(COLUMNS) | {"noise_source": "not measured: NaN logprobs"}
-    has_twin = all(not np.isnan(t).any() for t in twin)  # nulls arrive as NaN
-    if has_twin:
-        twin_p99 = float(np.quantile(np.concatenate(twin), QUANTILE))
+    twinned = group.filter(pl.col("twin_diff").is_not_null() & pl.col("twin_diff").is_not_nan())
+    if twinned.height:
+        # Candidate and twin over the same positions: where the twin did not run (a failed twin
+        # shard, a prompt it skipped) the candidate is not compared either.
         source = f"precision twin ({dtype}) x {allowance:g}"
+        if twinned.height < group.height:
+            source += f", on the {twinned.height} of {group.height} positions the twin scored"
+        group = twinned
+        prompts = [g for _, g in group.group_by("prompt_set", "prompt_id", maintain_order=True)]
+        twins = [g["twin_diff"].to_numpy() for g in prompts]
+        twin: list[np.ndarray] | None = twins
+        twin_p99 = float(np.quantile(np.concatenate(twins), QUANTILE))
     else:
+        prompts = [g for _, g in group.group_by("prompt_set", "prompt_id", maintain_order=True)]
+        twin = None
         twin_p99 = DEFAULT_TWIN_P99.get(dtype, DEFAULT_TWIN_P99["bfloat16"])
         source = f"default for {dtype} (no twin ran; SmolLM2-135M measurement) x {allowance:g}"
+    cand = [g["cand_diff"].to_numpy() for g in prompts]
     noise = twin_p99 * allowance
     excess = float(np.quantile(np.concatenate(cand), QUANTILE)) / noise if noise > 0 else None
-    low, high = _interval(cand, twin if has_twin else None, twin_p99, allowance)
+    low, high = _interval(cand, twin, twin_p99, allowance)
     return {
-        "twin_p99_abs_logprob_diff": twin_p99 if has_twin else None,
+        "twin_p99_abs_logprob_diff": twin_p99 if twin is not None else None,
         "noise": noise,
         "noise_source": source,
         "tf_excess": excess,

@@ -168,6 +168,13 @@ CPU_ENV = {
 }
 
 
+class WeightNoise(Strict):
+    """Seeded noise in the weights the engine loads (actors/weight_noise.py): a broken port on purpose."""
+
+    seed: int = Field(ge=0, le=2**31 - 1, description="Seed of the noise (with each tensor's name).")
+    relative: float = Field(gt=0, le=1, description="Noise standard deviation as a fraction of each tensor's RMS.")
+
+
 class VllmArgs(TargetArgs):
     """A vLLM offline-engine target."""
 
@@ -181,6 +188,9 @@ class VllmArgs(TargetArgs):
     enforce_eager: bool = Field(True, description="Skip graph capture / torch.compile (graph mode: false).")
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Passed to vllm.LLM as is (e.g. max_num_seqs, gpu_memory_utilization)."
+    )
+    weight_noise: WeightNoise | None = Field(
+        None, description="Load a copy of the weights with seeded noise in them: fleet calibrate's weight mutants."
     )
 
     def actor_env(self) -> dict[str, str]:

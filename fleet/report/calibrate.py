@@ -5,8 +5,8 @@ Two runs of the manifest, its perf scenarios and probes left out:
    actors of their own): any gate FAIL there is a false alarm;
 2. **mutants**: the reference plus, for every `vllm` candidate, copies whose model config is changed
    the way ports go wrong, through vLLM's own `hf_overrides` (MUTATIONS: the RMSNorm epsilon, the
-   rope base, the activation), relative to the values in the model's config.json as the healthy
-   run loaded it.
+   rope base, the logit scale, the activation), relative to the values in the model's config.json
+   as the healthy run loaded it, and copies that load seeded noise in their weights.
 The power table says, per mutant, how far it moved the logprobs (its TF p99 |dlogp| and its excess
 over the noise model, fleet/analysis/noise_model.py), and which gates caught it; per family, the
 smallest change caught. The goal it checks: in float32 every mutant beyond 10x float32's noise
@@ -32,27 +32,46 @@ from fleet.run import driver
 
 FLAT_P = 0.01  # a flat model (default-init synthetic llama) is ~0.004; init_std 0.1 gives ~0.03
 
-# family -> [(label, relative size, config -> hf_overrides)]: sizes as fractions of the healthy value.
+# family -> [(label, relative size, config.json -> the target's changed fields, None where it does
+# not apply)]; sizes as fractions of the healthy value, for "the smallest change caught".
 Mutation = tuple[str, float, Callable[[dict[str, Any]], dict[str, Any] | None]]
 
 
+def _override(change: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if change is None else {"hf_overrides": change}
+
+
 def _eps(factor: float) -> Mutation:
-    return f"rms_norm_eps x{factor:g}", factor - 1, lambda c: _scaled(c, "rms_norm_eps", factor)
+    return f"rms_norm_eps x{factor:g}", factor - 1, lambda c: _override(_scaled(c, "rms_norm_eps", factor))
 
 
 def _rope(factor: float) -> Mutation:
-    return f"rope base x{factor:g}", abs(factor - 1), lambda c: _rope_base(c, factor)
+    return f"rope base x{factor:g}", abs(factor - 1), lambda c: _override(_rope_base(c, factor))
+
+
+def _logit_scale(factor: float) -> Mutation:
+    # vLLM's llama multiplies its logits by config.logit_scale (Cohere's; Granite's logits_scaling
+    # is the same idea): a port that misses or doubles such a factor keeps every greedy token.
+    scaled = lambda c: _override({"logit_scale": c.get("logit_scale", 1) * factor})  # noqa: E731
+    return f"logit scale x{factor:g}", factor - 1, scaled
 
 
 def _act(c: dict[str, Any]) -> dict[str, Any] | None:
     act = c.get("hidden_act")
-    return None if act is None else {"hidden_act": "gelu" if act == "silu" else "silu"}
+    return None if act is None else _override({"hidden_act": "gelu" if act == "silu" else "silu"})
+
+
+def _noise(relative: float) -> Mutation:
+    # Not in the config: a noisy copy of the checkpoint (actors/weight_noise.py), seeded.
+    return f"weight noise {relative:g}", relative, lambda c: {"weight_noise": {"seed": 0, "relative": relative}}
 
 
 MUTATIONS: dict[str, list[Mutation]] = {
     "norm epsilon": [_eps(10), _eps(100)],
     "rope base": [_rope(1.01), _rope(1.05), _rope(0.8)],
+    "logit scale": [_logit_scale(1.01), _logit_scale(1.05)],
     "activation": [("activation swapped", 1.0, _act)],
+    "weights": [_noise(1e-4), _noise(1e-3), _noise(1e-2), _noise(5e-2)],
 }
 
 
@@ -110,9 +129,11 @@ def calibrate(
                     continue
                 name = f"{cand['name']}.mutant-{label.replace(' ', '-')}"
                 engine_args = dict(cand.get("engine_args") or {})
-                engine_args["hf_overrides"] = dict(engine_args.get("hf_overrides") or {}) | change
+                if "hf_overrides" in change:
+                    overrides = dict(engine_args.get("hf_overrides") or {}) | change.pop("hf_overrides")
+                    engine_args["hf_overrides"] = overrides
                 keep = {k: v for k, v in cand.items() if k not in ("after", "matrix", "repeat", "name", "engine_args")}
-                mutants.append(keep | {"name": name, "engine_args": engine_args})
+                mutants.append(keep | change | {"name": name, "engine_args": engine_args})
                 meta[name] = {"candidate": cand["name"], "family": family, "mutation": label, "size": size}
     if mutants_dir is None:
         mutants_dir, _ = driver.run(

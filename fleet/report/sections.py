@@ -83,6 +83,8 @@ def sections(report: RunReport) -> dict[str, Section]:
         "architecture": [_architecture(model, arch) for model, arch in r.architecture.items()],
         "gates": _gates(r),
     }
+    if blocks["environment"]:
+        blocks["environment"] += weights_lines(r.info, r.reference)
     if blocks["parity"] and "tf_excess" in r.parity.columns:
         blocks["parity"].append(precision_lines(r.parity))
     if blocks["first_step"]:
@@ -174,6 +176,19 @@ def cut_note(r: RunReport, table: str, order: str) -> list[Block]:
         f"Showing the worst prompts per target ({counts}; `--top N` shows more). All of them: "
         f"`fleet query {r.run_dir} \"SELECT * FROM {table} WHERE target = '{cut['target'][0]}' {order}\"`"
     ]
+
+
+def weights_lines(info: Mapping[str, Any], reference: str | None) -> list[Block]:
+    """Targets that loaded other weights than the reference did for the same model (a calibrate
+    mutant's weight_noise, a different checkpoint behind one name): their parity is not a port's."""
+    prov = info.get("provenance") or {}
+    lines = []
+    for key, facts in prov.items():
+        model, target = key.split("/", 1)
+        ref = prov.get(f"{model}/{reference}", {}).get("weights_sha256")
+        if target != reference and ref and facts.get("weights_sha256") not in (None, ref):
+            lines.append(f"{key}: weights {facts['weights_sha256']}, not the reference's {ref}")
+    return [["These targets loaded other weights than the reference:", *lines]] if lines else []
 
 
 def first_step_totals(parity: pl.DataFrame) -> list[str]:
