@@ -22,91 +22,18 @@ import argparse
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
+
+from fleet.cli_args import EXIT_USAGE, MAX_LINE, parser
 
 if TYPE_CHECKING:
     from fleet.contracts.gates import Gate
     from fleet.report.model import RunReport
 
-EXIT_OK, EXIT_USAGE, EXIT_PARTIAL, EXIT_GATES = 0, 2, 3, 4
+EXIT_OK, EXIT_PARTIAL, EXIT_GATES = 0, 3, 4
 
 
-MAX_LINES, MAX_LINE = 3, 400  # what a UserError may print: the rest is cut
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (its own wraps the whole usage over many)."""
-
-    def error(self, message: str) -> NoReturn:
-        from fleet.contracts.inputs import cut
-
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {cut(message, MAX_LINE)} (see {self.prog} --help)\n")
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fleet", description="Parity and performance of LLM serving targets vs a reference.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    run = sub.add_parser("run", help="run a manifest, write Parquet results, print the summary")
-    run.add_argument("manifest", type=Path, nargs="?", help="manifest YAML file")
-    run.add_argument("--resume", metavar="RUN_DIR", help="finish an interrupted run: only missing shards")
-    # Run directories are strings, not Paths: pathlib would turn s3://bucket/x into s3:/bucket/x.
-    run.add_argument(
-        "--results", default="results", help="where run directories go (default: results; or s3://bucket/prefix)"
-    )
-    run.add_argument("--run-id", help="run directory name (default: <manifest stem>-<UTC time>)")
-    run.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        dest="overrides",
-        metavar="KEY=VALUE",
-        help="override a manifest field after reading the file (dotted path, YAML value), e.g. "
-        "sampling.max_tokens=4 or perf.0.concurrency=[1]; repeatable",
-    )
-    run.add_argument("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else start a local Ray)")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--verbose", action="store_true", help="show actor and engine logs")
-    run.add_argument(
-        "--check", action="store_true", help="validate everything that is checked before Ray starts; write nothing"
-    )
-
-    cal = sub.add_parser("calibrate", help="run mutants of each vllm candidate: which gates catch a broken port")
-    cal.add_argument("manifest", type=Path, help="manifest YAML file (its gates are measured)")
-    cal.add_argument("--results", default="results", help="where the two run directories go (default: results)")
-    cal.add_argument("--run-id", help="run directory prefix (default: <manifest stem>-calibrate-<UTC time>)")
-    cal.add_argument("--repeats", type=int, default=3, help="healthy copies of each candidate (default 3)")
-    cal.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE", help="as in run")
-    cal.add_argument("--healthy", metavar="RUN_DIR", help="reuse this finished healthy run instead of running it")
-    cal.add_argument("--mutants", metavar="RUN_DIR", help="reuse this finished mutants run instead of running it")
-
-    report = sub.add_parser("report", help="recompute and print the summary from a run directory's Parquet files")
-    report.add_argument(
-        "run_dir",
-        help="a run directory (results/<run_id>, or a URI: s3://bucket/prefix/<run_id>), or a run id under --results",
-    )
-    report.add_argument("--results", default="results", help="where to look up a run id (default: results)")
-    report.add_argument(
-        "--top", type=int, default=20, metavar="N", help="per-prompt tables: the worst N per target (default 20)"
-    )
-    report.add_argument("--html", type=Path, metavar="OUT", help="also write a self-contained HTML report")
-    report.add_argument("--markdown", type=Path, metavar="OUT", help="also write a Markdown report")
-    report.add_argument("--gates", type=Path, metavar="FILE", help="gates YAML (default: the run's manifest gates)")
-
-    compare = sub.add_parser("compare", help="the same model x target in two runs side by side")
-    compare.add_argument("run_a")
-    compare.add_argument("run_b")
-    compare.add_argument("--gates", type=Path, metavar="FILE", help="gates YAML: show verdict changes")
-
-    runs = sub.add_parser("runs", help="list the runs under a results root")
-    runs.add_argument("results_root", nargs="?", default="results", help="default: results")
-
-    query = sub.add_parser("query", help="SQL over a run's tables, or every run's under a results root")
-    query.add_argument("run_dir", help="a run directory, or a results root (its tables stacked on run_id)")
-    query.add_argument("sql", nargs="?", help="a SQL query (Polars SQL)")
-    query.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    query.add_argument("--tables", action="store_true", help="list the tables and their columns")
-    return p
+MAX_LINES = 3  # what a UserError may print (lines of at most MAX_LINE): the rest is cut
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     other exception is a bug, shown with its traceback, exit 1."""
     from fleet.contracts.errors import UserError
 
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         verbs = {"run": _run, "calibrate": _calibrate, "report": _report, "compare": _compare, "runs": _runs}
         verbs["query"] = _query
@@ -149,13 +76,10 @@ def user_message(error: Exception) -> str:
 def _calibrate(args: argparse.Namespace) -> int:
     """The power table; exit 4 when the goal is missed (a mutant beyond precision passed, or a
     healthy copy failed)."""
-    from fleet.contracts.errors import UserError
     from fleet.report import calibrate, columns
     from fleet.report.table import markdown
     from fleet.run.driver import default_run_id
 
-    if not 1 <= args.repeats <= 10:
-        raise UserError(f"--repeats {args.repeats}: expected 1 to 10")
     run_id = args.run_id or default_run_id(args.manifest.with_stem(f"{args.manifest.stem}-calibrate"))
     table, lines = calibrate.calibrate(
         args.manifest,
