@@ -2,7 +2,7 @@
 
     fleet run MANIFEST [--set KEY=VALUE ...] | --resume RUN_DIR     run (or finish) a manifest, print the summary
     fleet report RUN_DIR|RUN_ID [--results ROOT] [--top N] [--html F] [--markdown F] [--gates F]
-    fleet compare RUN_A RUN_B [--gates F]
+    fleet compare RUN_A RUN_B [--results ROOT] [--gates F]   (each a run directory or a run id)
     fleet runs [RESULTS_ROOT]                   the runs there: id, status, models, targets, gates, started
     fleet query RUN_DIR|RESULTS_ROOT "SQL" [--format table|csv|json] | --tables
 
@@ -217,7 +217,8 @@ def _compare(args: argparse.Namespace) -> int:
     from fleet.report import compare
 
     chosen = gates.load(args.gates) if args.gates else None
-    a, b = compare.report(args.run_a), compare.report(args.run_b)
+    # Run ids resolve as in `fleet report` (one function, so the two verbs never drift apart).
+    a, b = (compare.report(_run_dir(run, args.results)) for run in (args.run_a, args.run_b))
     print(compare.render(compare.compare(a, b, gates=chosen), run_a=a, run_b=b))
     return EXIT_OK
 

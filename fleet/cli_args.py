@@ -109,8 +109,9 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--gates", type=Path, metavar="FILE", help="gates YAML (default: the run's manifest gates)")
 
     compare = sub.add_parser("compare", help="the same model x target in two runs side by side")
-    compare.add_argument("run_a")
-    compare.add_argument("run_b")
+    compare.add_argument("run_a", help="a run directory, or a run id under --results")
+    compare.add_argument("run_b", help="a run directory, or a run id under --results")
+    compare.add_argument("--results", default="results", help="where to look up run ids (default: results)")
     compare.add_argument("--gates", type=Path, metavar="FILE", help="gates YAML: show verdict changes")
 
     runs = sub.add_parser("runs", help="list the runs under a results root")

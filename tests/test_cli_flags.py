@@ -1,4 +1,4 @@
-"""Every numeric flag of `fleet` is bounded.
+"""Every numeric flag of `fleet` is bounded, and every verb that reads a run takes a run id or a path.
 
 The flags are found by walking the parser (argparse introspection), so a numeric flag added later
 without bounds fails here: an out-of-range value must be argparse's one-line usage error naming the
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_compare import SAME, write_run
+from test_compare import DIVERGED, SAME, write_run
 
 from fleet import cli, cli_args
 
@@ -74,3 +74,14 @@ def test_report_top_negative_is_a_usage_error_not_a_traceback(tmp_path: Path) ->
     code, out, err = run_cli(["report", str(run), "--top", "-3"])
     assert (code, out) == (2, "")
     assert "argument --top: '-3': expected an integer from 1 to" in err and "Traceback" not in err
+
+
+def test_compare_takes_run_ids_under_results_like_report(tmp_path: Path) -> None:
+    write_run(tmp_path / "results" / "a", {"cand": SAME})
+    write_run(tmp_path / "results" / "b", {"cand": DIVERGED})
+    by_path = run_cli(["compare", str(tmp_path / "results" / "a"), str(tmp_path / "results" / "b")])
+    by_id = run_cli(["compare", "a", "b", "--results", str(tmp_path / "results")])
+    assert by_path[0] == by_id[0] == 0, by_id[2]
+    assert by_id[1] == by_path[1]
+    code, _, err = run_cli(["compare", "a", "nope", "--results", str(tmp_path / "results")])
+    assert code == 2 and "nope: not a run directory, nor a run id under" in err, err
