@@ -290,3 +290,22 @@ def test_fuzz_command_lines(double_run: Path, data: st.DataObject) -> None:
         outputs = [v for f, v in itertools.pairwise(argv) if f in ("--html", "--markdown") and "\0" not in v]
         asked = {os.path.normpath(tmp / v) for v in outputs}
         assert {os.path.normpath(p) for p in created} <= asked, f"{argv}: created {created}"
+
+
+# --- messages name fields as the user wrote them -------------------------------------------------
+
+# pydantic's own location segments: the union member it tried, never a name the user typed.
+INTERNALS = ("function-after[", "list[", "union[", "tagged-union[", "json-or-python[", "errors.pydantic.dev")
+
+
+@settings(FUZZ, max_examples=150)
+@given(text=mutated_manifest())
+def test_fuzz_messages_never_show_pydantic_internals(text: str) -> None:
+    """The same seeded corpus as test_fuzz_manifests (a bounded share of it): every message a
+    mutated manifest gets names its field as written (`prompts.p[0].answer`)."""
+    with sandbox() as tmp:
+        path = tmp / "m.yaml"
+        path.write_text(text, encoding="utf-8", errors="surrogatepass")
+        _, _, err = run_cli(["run", "--check", str(path), "--results", str(tmp / "results")])
+        leaked = [marker for marker in INTERNALS if marker in err]
+        assert not leaked, f"{leaked} in:\n{err}"

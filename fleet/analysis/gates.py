@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from fleet.contracts.errors import UserError
 from fleet.contracts.gates import METRICS, Gate
 from fleet.contracts.inputs import load_yaml, read_text
+from fleet.contracts.messages import error_line, relevant
 from fleet.results import store
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
@@ -50,7 +51,7 @@ def parse(raw: Any, *, source: str = "gates") -> list[Gate]:
         try:
             gates.append(Gate.model_validate(item))
         except ValidationError as e:
-            errors += [f"  gates[{i}].{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()]
+            errors += [f"  gates[{i}].{error_line(err, item)}" for err in relevant(e.errors(include_url=False))]
     if errors:
         raise UserError("\n".join([f"{source}: {len(errors)} error(s)", *errors]))
     return gates

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from fleet.contracts.base import Strict
+from fleet.contracts.messages import error_line, relevant
 from fleet.contracts.prompts import NUMBER, Expected, Prompt
 
 Format = Literal["jsonl", "parquet", "csv"]
@@ -252,8 +253,8 @@ def _prompt(source: PromptFile, row: dict[str, Any], index: int) -> Prompt:
     fields["expected"] = _expected(source, row, where)
     try:
         return Prompt.model_validate(fields)
-    except ValueError as e:
-        msg = f"{where}: {str(e).splitlines()[-1].strip()}"
+    except ValidationError as e:  # its last line is pydantic's URL: the first error, the column as mapped
+        msg = f"{where}: {error_line(relevant(e.errors(include_url=False))[0], fields)}"
         raise ValueError(msg) from None
 
 

@@ -17,6 +17,7 @@ from fleet.contracts.base import Name, Strict
 from fleet.contracts.errors import ManifestError, UserError
 from fleet.contracts.gates import Gate
 from fleet.contracts.inputs import clip, cut, load_yaml, read_text
+from fleet.contracts.messages import error_line, relevant
 from fleet.contracts.prompt_source import CHECK_ROWS, PromptFile, chunks, read_slice
 from fleet.contracts.prompts import Prompt
 from fleet.contracts.sources import GgufSource, PathSource
@@ -311,40 +312,8 @@ SHOWN_ERRORS = 2  # with the header line, a message is at most 3 lines
 
 def format_error(path: str | Path, raw: Any, error: ValidationError) -> str:
     """At most 3 lines: how many errors, then the first two, each naming the field as written."""
-    errors = error.errors(include_url=False)
+    errors = relevant(error.errors(include_url=False))
     more = f" (the first {SHOWN_ERRORS} shown)" if len(errors) > SHOWN_ERRORS else ""
     lines = [f"{cut(str(path), 200)}: {len(errors)} error(s){more}"]
-    for err in errors[:SHOWN_ERRORS]:
-        loc, msg = _field_path(raw, err["loc"]), err["msg"].removeprefix("Value error, ")
-        secret = bool(_SECRET_FIELDS & {str(p) for p in err["loc"]})
-        if err["type"] == "union_tag_invalid":
-            kind = err["input"].get("kind") if isinstance(err["input"], dict) else None
-            loc, msg = f"{loc}.kind", f"unknown kind {clip(kind, 40)}; known kinds: {_known(err)}"
-        elif err["type"] == "extra_forbidden":
-            msg = f"unknown key {clip(_last_key(err['loc']), 40)} (a typo? extra keys are not allowed)"
-        elif err["type"] not in ("missing", "value_error") and not secret:
-            msg += f" (got {clip(err['input'], 60)})"
-        lines.append(cut(f"  {loc}: {msg}" if loc else f"  {msg}", 300))
+    lines += [cut(f"  {error_line(err, raw, hidden=_SECRET_FIELDS)}", 300) for err in errors[:SHOWN_ERRORS]]
     return "\n".join(lines)
-
-
-def _known(err: Any) -> str:
-    return str((err.get("ctx") or {}).get("expected_tags", ", ".join(BACKENDS))).replace("'", "")
-
-
-def _last_key(loc: tuple[int | str, ...]) -> str:
-    return str(loc[-1]) if loc else ""
-
-
-def _field_path(raw: Any, loc: tuple[int | str, ...]) -> str:
-    """`targets[1].dtype`: the location as the user wrote it, without pydantic's union tags."""
-    out, node = "", raw
-    for part in loc:
-        if isinstance(node, dict) and part not in node and node.get("kind") == part:
-            continue  # the discriminator value pydantic inserts, not a field the user wrote
-        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
-        try:
-            node = node[part]
-        except (KeyError, IndexError, TypeError):
-            node = None
-    return out

@@ -10,7 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from fleet.contracts.inputs import check_path_text
+from fleet.contracts.messages import error_line, relevant
 from fleet.contracts.prompt_source import PromptFile, check, digest
 
 BUILTIN_DIR = Path(__file__).parent.parent / "data" / "prompts"
@@ -111,6 +114,10 @@ def _prompt_file(name: str, spec: dict[str, Any], base_dir: Path) -> PromptFile:
         if not source.file.is_file() or digest(source.file) != source.sha256:
             msg = f"{source.file} is not the file this run started with (sha256 {source.sha256})"
             raise ValueError(msg)
+    except ValidationError as e:  # the mapping itself: its first error, the field as written
+        first = error_line(relevant(e.errors(include_url=False))[0], spec)
+        msg = f"prompt set {str(name)[:60]!r}: {first[:300]}"
+        raise ValueError(msg) from None
     except ValueError as e:
         msg = f"prompt set {str(name)[:60]!r}: {str(e).splitlines()[-1].strip().removeprefix('Value error, ')[:300]}"
         raise ValueError(msg) from None

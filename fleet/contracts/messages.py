@@ -1,0 +1,82 @@
+"""How a wrong input is told to the user: the field as they wrote it.
+
+Every place that turns a pydantic ValidationError into a UserError goes through `error_line`
+(manifests, gates files, prompt files), so none of them can leak pydantic's own location segments:
+the union member it tried (`list[function-after[_text_or_chat(), Prompt]]`, `PromptFile`, `str`)
+and the discriminator value (`targets.0.vllm.dtype`) are not names the user ever typed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from fleet.contracts.inputs import clip
+
+# A location segment that is a pydantic schema tag, never a key: brackets, parentheses, commas or
+# dashes (`function-after[...]`, `constrained-str`), a class name (field names are snake_case), or
+# a core type name. Keys the user wrote (a prompt set `smollm-six`) are recognised as keys first.
+_TAG = re.compile(r"[\[\](),-]|^[A-Z]|^(str|int|float|bool|bytes|none)$")
+_LOST = object()  # the raw data could not be followed this far
+
+
+def field_path(raw: Any, loc: Sequence[int | str]) -> str:
+    """`prompts.p[0].answer`: pydantic's location as the user wrote it, read alongside the raw data."""
+    out, node = "", raw
+    for part in loc:
+        if isinstance(part, str) and not (isinstance(node, dict) and part in node):
+            if isinstance(node, dict) and node.get("kind") == part:
+                continue  # the discriminator value pydantic inserts, not a field the user wrote
+            if _TAG.search(part) or (node is not _LOST and not isinstance(node, dict)):
+                continue  # a union member's tag: lists and scalars have no string keys
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+        try:
+            node = node[part]  # type: ignore[index]
+        except (KeyError, IndexError, TypeError):
+            node = _LOST
+    return out
+
+
+def relevant(errors: Sequence[Any]) -> list[Any]:
+    """The errors as the user would list them. A union member's "wrong type" is dropped when another
+    member got deeper (for a list of prompts with a typo: the typo, not "Input should be a valid
+    dictionary" from the file form), and the members' "wrong type"s at one place are one error."""
+    out: list[Any] = []
+    merged: dict[tuple[Any, ...], Any] = {}
+    for err in errors:
+        loc = tuple(err["loc"])
+        if not loc or not isinstance(loc[-1], str) or not _TAG.search(loc[-1]):
+            out.append(err)
+            continue
+        prefix = loc[:-1]
+        if any(len(o["loc"]) > len(loc) and tuple(o["loc"][: len(prefix)]) == prefix for o in errors):
+            continue
+        wanted = re.sub(r" or instance of \w+", "", str(err["msg"])).removeprefix("Input should be ")
+        if prefix in merged:  # the same place, another member: "a valid list or a valid dictionary"
+            merged[prefix]["msg"] += f", or {wanted}"
+            continue
+        merged[prefix] = {**err, "loc": prefix, "msg": f"Input should be {wanted}"}
+        out.append(merged[prefix])
+    return out
+
+
+def error_line(err: Any, raw: Any, *, hidden: Collection[str] = ()) -> str:
+    """One pydantic error as `field: what is wrong`, the field as written. `hidden`: fields whose
+    value may be a credential; their value is never repeated."""
+    loc, msg = field_path(raw, err["loc"]), str(err["msg"]).removeprefix("Value error, ")
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "union_tag_invalid":
+        tag = err["input"].get("kind") if isinstance(err["input"], dict) else None
+        known = ", ".join(_quoted(ctx.get("expected_tags", "")))
+        loc, msg = f"{loc}.kind" if loc else "kind", f"unknown kind {clip(tag, 40)}; known kinds: {known}"
+    elif kind == "extra_forbidden":
+        msg = f"unknown key {clip(str(err['loc'][-1]) if err['loc'] else '', 40)} (a typo? extra keys are not allowed)"
+    elif kind not in ("missing", "value_error") and not set(hidden) & {str(p) for p in err["loc"]}:
+        msg += f" (got {clip(err['input'], 60)})"
+    return f"{loc}: {msg}" if loc else msg
+
+
+def _quoted(text: str) -> list[str]:
+    """The names in pydantic's "'a', 'b' or 'c'" (its ctx for literals and union tags)."""
+    return re.findall(r"'([^']*)'", text)
