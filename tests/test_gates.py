@@ -103,7 +103,7 @@ def test_probe_metrics_from_extra_frames() -> None:
 
 
 def test_validation_errors() -> None:
-    with pytest.raises(ValidationError, match="unknown metric 'pearson'; known metrics: n_prompts"):
+    with pytest.raises(ValidationError, match="unknown metric 'pearson'; did you mean 'pearson_r'"):
         gates.Gate(metric="pearson", op=">=", threshold=0.99)
     with pytest.raises(ValidationError):
         gates.Gate.model_validate({"metric": "pearson_r", "op": "=>", "threshold": 0.99})

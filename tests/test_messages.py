@@ -1,12 +1,18 @@
-"""Validation messages name fields as the user wrote them (never pydantic's union tags or its URL)."""
+"""Validation messages name fields as the user wrote them (never pydantic's union tags or its URL),
+and a wrong name gets the closest known one and a list that is whole or not shown at all."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from test_inputs import check, tiny
+import pytest
+from test_compare import SAME, write_run
+from test_inputs import assert_user_error, check, run_cli, tiny
 
-from fleet.contracts.messages import field_path
+from fleet.contracts import schema
+from fleet.contracts.messages import LIST_BUDGET, field_path, unknown
+
+ROOT = Path(__file__).resolve().parents[1]
 
 INTERNALS = ("function-after[", "list[", "union[", "tagged-union[", "json-or-python[", "errors.pydantic.dev")
 
@@ -42,3 +48,49 @@ def test_field_path_keeps_keys_and_drops_tags() -> None:
     assert field_path(raw, ("targets", 0, "vllm", "dtype")) == "targets[0].dtype"
     assert field_path(raw, ("prompts", "p-1", "PromptFile")) == "prompts.p-1"  # a list has no string keys
     assert field_path(raw, ("targets", 0, "vllm", "name")) == "targets[0].name"  # missing: still named
+
+
+# --- a wrong name gets "did you mean", and a list that is not cut mid-way --------------------------
+
+GATE = "\ngates:\n  - {metric: METRIC, op: '<=', threshold: 1.0}\n"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "needle"),
+    [
+        ("sampling:", GATE.replace("METRIC", "tf_p99_abs_logprob_dif") + "sampling:", "'tf_p99_abs_logprob_diff'"),
+        ("kind: vllm, device: cpu, dtype: float32", "kind: vlm, device: cpu, dtype: float32", "'vllm'"),
+        ("kind: synthetic", "kind: synthetc", "'synthetic'"),
+        ("sampling:", "report: {layout: 002-qwen2.5}\nsampling:", "'002-qwen2.5-0.5b'"),
+        ("dtype: bfloat16", "dtype: bfloat61", "'bfloat16'"),
+    ],
+    ids=["gate metric", "target kind", "source kind", "report layout", "dtype"],
+)
+def test_a_wrong_name_gets_the_closest_one(tmp_path: Path, old: str, new: str, needle: str) -> None:
+    err = check(tmp_path, tiny(**{old: new}), f"did you mean {needle}")
+    assert "chars)" not in err  # cut() marks a cut line so: no list may be cut mid-way
+
+
+def test_the_gate_metric_list_is_pointed_to_and_the_readme_has_it_whole(tmp_path: Path) -> None:
+    err = check(tmp_path, tiny(sampling=GATE.replace("METRIC", "pearson") + "sampling:"), "did you mean 'pearson_r'")
+    assert 'known metrics, all listed in the README\'s "Gate metric ids"' in err
+    readme = (ROOT / "README.md").read_text()
+    [(key, names)] = schema.documented_names().items()
+    assert f"<!-- names:{key} -->\n{names}\n<!-- /names -->" in readme  # `make docs` regenerates it
+
+
+def test_a_wrong_query_table_or_column_gets_the_closest_one(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "a", {"cand": SAME})
+    code, _, err = run_cli("query", run, "SELECT * FROM paritty")
+    assert_user_error(code, err, "unknown table 'paritty'; did you mean 'parity'?", "throughput")
+    code, _, err = run_cli("query", run, "SELECT logprb FROM tokens")
+    assert_user_error(code, err, "unknown column 'logprb'; did you mean 'logprob'", "twin_logprob")
+    assert "chars)" not in err
+
+
+def test_a_long_list_is_whole_or_not_shown() -> None:
+    known = [f"metric_number_{i}" for i in range(60)]
+    msg = unknown("metric", "metric_numbr_7", known, listed="the docs")
+    assert "did you mean 'metric_number_7'" in msg and msg.endswith("(60 known metrics, all listed in the docs)")
+    short = unknown("kind", "x", ["a", "b"])
+    assert short == "unknown kind 'x' (known kinds: a, b)" and len(", ".join(known)) > LIST_BUDGET

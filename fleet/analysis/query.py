@@ -26,6 +26,7 @@ from fleet.analysis import parity as analysis
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import cut
+from fleet.contracts.messages import unknown
 from fleet.results import catalog, reader, store
 from fleet.results.store import RUN_JSON
 
@@ -155,9 +156,22 @@ def query(run_dir: str | Path, sql: str) -> pl.DataFrame:
             return ctx.execute(sql).collect()
         except pl.exceptions.PolarsError as e:
             first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            msg = f"query failed: {cut(first_line, 200)}\n"
-            msg += f"tables: {', '.join([*ctx.tables()])} (their columns: fleet query RUN_DIR --tables)"
-            raise UserError(msg) from None
+            # The computed tables are registered only when named, so list them too: a typo in
+            # `parity` must not read as if the run had no such table.
+            known = sorted({*ctx.tables(), *DERIVED})
+            raise UserError(_failure(first_line, known)) from None
+
+
+def _failure(first_line: str, tables: list[str]) -> str:
+    """Polars' error, with a closest-match hint for a wrong table or column name; a list of names
+    is shown whole or not at all (`fleet query RUN_DIR --tables` lists every column)."""
+    listed = "fleet query RUN_DIR --tables"
+    if table := re.search(r"relation '([^']*)' was not found", first_line):
+        return f"query failed: {unknown('table', table.group(1), tables)}; their columns: {listed}"
+    if column := re.search(r'unable to find column "([^"]*)"; valid columns: \[(.*)\]', first_line):
+        columns = re.findall(r'"([^"]*)"', column.group(2))
+        return f"query failed: {unknown('column', column.group(1), columns, listed=listed)}"
+    return f"query failed: {cut(first_line, 200)}\ntables: {', '.join(tables)} (their columns: {listed})"
 
 
 def describe(run_dir: str | Path) -> str:

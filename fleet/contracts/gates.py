@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from fleet.contracts.base import Strict
+from fleet.contracts.messages import unknown
 
 Op = Literal[">=", "<=", ">", "<"]
 # Where each metric's rows live: (table, whether the reference's rows are part of it, extra filter).
@@ -120,8 +121,7 @@ class Gate(Strict):
     @classmethod
     def _known_metric(cls, value: str) -> str:
         if value not in METRICS:
-            msg = f"unknown metric {value!r}; known metrics: {', '.join(METRICS)}"
-            raise ValueError(msg)
+            raise ValueError(unknown("metric", value, METRICS, listed='the README\'s "Gate metric ids"'))
         return value
 
     @field_validator("threshold")

@@ -1,4 +1,5 @@
-"""How a wrong input is told to the user: the field as they wrote it.
+"""How a wrong input is told to the user: the field as they wrote it, and for a wrong name the
+closest known one and a list that is never cut mid-way.
 
 Every place that turns a pydantic ValidationError into a UserError goes through `error_line`
 (manifests, gates files, prompt files), so none of them can leak pydantic's own location segments:
@@ -8,12 +9,14 @@ and the discriminator value (`targets.0.vllm.dtype`) are not names the user ever
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from fleet.contracts.inputs import clip
 
+LIST_BUDGET = 240  # a list of names longer than this is not shown whole (a message line is at most 400)
 # A location segment that is a pydantic schema tag, never a key: brackets, parentheses, commas or
 # dashes (`function-after[...]`, `constrained-str`), a class name (field names are snake_case), or
 # a core type name. Keys the user wrote (a prompt set `smollm-six`) are recognised as keys first.
@@ -61,6 +64,25 @@ def relevant(errors: Sequence[Any]) -> list[Any]:
     return out
 
 
+def plural(word: str) -> str:
+    return word if word.endswith("s") else f"{word}es" if word.endswith(("x", "ch", "sh")) else f"{word}s"
+
+
+def unknown(what: str, value: Any, known: Collection[str], *, listed: str = "") -> str:
+    """`unknown metric 'x'; did you mean 'y'? ...`: the closest known names (difflib), then every
+    known name when the list fits on the line, else how many there are and where they are `listed`.
+    A list is never cut mid-way: a reader cannot tell a cut list from a complete one."""
+    known = list(known)
+    msg = f"unknown {what} {clip(value, 60)}"
+    close = difflib.get_close_matches(str(value), known, n=2, cutoff=0.6) if isinstance(value, str) else []
+    if close:
+        msg += f"; did you mean {' or '.join(repr(c) for c in close)}?"
+    names = ", ".join(known)
+    if len(names) <= LIST_BUDGET or not listed:
+        return f"{msg} (known {plural(what)}: {names})"
+    return f"{msg} ({len(known)} known {plural(what)}, all listed in {listed})"
+
+
 def error_line(err: Any, raw: Any, *, hidden: Collection[str] = ()) -> str:
     """One pydantic error as `field: what is wrong`, the field as written. `hidden`: fields whose
     value may be a credential; their value is never repeated."""
@@ -68,10 +90,12 @@ def error_line(err: Any, raw: Any, *, hidden: Collection[str] = ()) -> str:
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind == "union_tag_invalid":
         tag = err["input"].get("kind") if isinstance(err["input"], dict) else None
-        known = ", ".join(_quoted(ctx.get("expected_tags", "")))
-        loc, msg = f"{loc}.kind" if loc else "kind", f"unknown kind {clip(tag, 40)}; known kinds: {known}"
+        loc, msg = f"{loc}.kind" if loc else "kind", unknown("kind", tag, _quoted(ctx.get("expected_tags", "")))
     elif kind == "extra_forbidden":
         msg = f"unknown key {clip(str(err['loc'][-1]) if err['loc'] else '', 40)} (a typo? extra keys are not allowed)"
+    elif kind == "literal_error":
+        field = next((str(p) for p in reversed(err["loc"]) if isinstance(p, str) and not _TAG.search(p)), "value")
+        msg = unknown(field, err["input"], _quoted(str(ctx.get("expected", ""))))
     elif kind not in ("missing", "value_error") and not set(hidden) & {str(p) for p in err["loc"]}:
         msg += f" (got {clip(err['input'], 60)})"
     return f"{loc}: {msg}" if loc else msg

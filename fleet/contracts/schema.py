@@ -149,8 +149,17 @@ def markdown(schema: pa.Schema) -> str:
     return "\n".join(rows)
 
 
+def documented_names() -> dict[str, str]:
+    """Names a user types that the README lists whole (between <!-- names:KEY --> markers): an
+    error for a wrong one points there when the list is too long for the message."""
+    from fleet.contracts.gates import METRICS
+
+    return {"gate-metrics": ", ".join(f"`{name}`" for name in METRICS)}
+
+
 def sync_readme(path: str = "README.md") -> None:
-    """Rewrite the README's schema tables (between <!-- schema:NAME --> markers) from the code."""
+    """Rewrite the README's schema tables and name lists (between <!-- schema:NAME --> and
+    <!-- names:KEY --> markers) from the code."""
     import re
     from pathlib import Path
 
@@ -159,6 +168,9 @@ def sync_readme(path: str = "README.md") -> None:
     for name, declared in documented_tables().items():
         block = re.compile(rf"(<!-- schema:{name} -->\n).*?(<!-- /schema -->)", re.S)
         text = block.sub(rf"\g<1>{markdown(declared)}\n\g<2>", text)
+    for key, names in documented_names().items():
+        block = re.compile(rf"(<!-- names:{key} -->\n).*?(<!-- /names -->)", re.S)
+        text = block.sub(lambda m, names=names: f"{m.group(1)}{names}\n{m.group(2)}", text)
     readme.write_text(text)
 
 
