@@ -155,3 +155,52 @@ def test_run_reads_prompts_from_a_parquet_file(local_ray: object, tmp_path: Path
     assert ref["expected"].to_list() == [f'{{"number": {i + 1}.0}}' for i in range(50)]
     tokens = reader.load(run_dir)["tokens"].collect()
     assert tokens.filter(pl.col("target") == "cand")["ref_logprob"].null_count() == 0  # scored
+
+
+# Every reader is strict: a malformed file, whatever its format, is one error naming the file, the
+# row and what was expected, raised by the check before any shard runs (nothing is half-read).
+MALFORMED = {
+    "csv quote never closed, last row": ("csv", b'id,prompt\na,hello\nb,"world\n', "row 2: a quote is opened"),
+    "csv quote never closed, first row": ("csv", b'id,prompt\na,"hello\nb,world\n', "row 1: a quote is opened"),
+    "csv text after a closing quote": ("csv", b'id,prompt\na,"hel"lo"\nb,x\n', "row 1: not a CSV record"),
+    "csv a field too many": ("csv", b"id,prompt\na,hello,x\n", "row 1: 3 fields, expected 2 as in the header"),
+    "csv a field too few": ("csv", b"id,prompt\na,hello\nb\n", "row 2: 1 fields, expected 2"),
+    "csv not utf-8": ("csv", b"id,prompt\na,caf\xe9\n", "row 1: not UTF-8 text"),
+    "csv column named twice": ("csv", b"id,prompt,prompt\na,b,c\n", "header: column 'prompt' named twice"),
+    "csv quote never closed in the header": ("csv", b'id,"prompt\na,b\n', "header: a quote is opened"),
+    "jsonl not json": ("jsonl", b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": \n', "row 2: not JSON"),
+    "jsonl not an object": ("jsonl", b'["a", "x"]\n', "row 1: expected a JSON object, got list"),
+    "jsonl not utf-8": ("jsonl", b'{"id": "a", "prompt": "caf\xe9"}\n', "row 1: not UTF-8 text"),
+    "jsonl prompt not text": ("jsonl", b'{"id": "a", "prompt": [1, 2]}\n', "row 1: column 'prompt' holds list"),
+    "jsonl id a float": ("jsonl", b'{"id": 1.5, "prompt": "x"}\n', "row 1: column 'id' holds float"),
+    "jsonl expected not an object": (
+        "jsonl",
+        b'{"id": "a", "prompt": "x", "expected": 4}\n',
+        "row 1: column 'expected'",
+    ),
+    "jsonl expected two rules": (
+        "jsonl",
+        b'{"id": "a", "prompt": "x", "expected": {"exact": "a", "regex": "b"}}\n',
+        "row 1: column 'expected': expected needs exactly one of",
+    ),
+    "jsonl messages text not json": (
+        "jsonl",
+        b'{"id": "a", "messages": "[{"}\n',
+        "row 1: column 'messages' is not JSON",
+    ),
+    "parquet truncated": ("parquet", None, "cannot read gsm.parquet"),
+}
+
+
+@pytest.mark.parametrize(("fmt", "content", "error"), MALFORMED.values(), ids=MALFORMED.keys())
+def test_every_reader_refuses_a_malformed_file(tmp_path: Path, fmt: str, content: bytes | None, error: str) -> None:
+    path = tmp_path / f"gsm.{fmt}"
+    if content is None:  # a Parquet file cut short: its footer is gone
+        _write(tmp_path, "parquet", GSM)
+        path.write_bytes(path.read_bytes()[:-40])
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ManifestError, match="prompt set 'gsm'") as e:
+        load(_manifest(tmp_path, f"{{file: gsm.{fmt}}}"))
+    assert error in str(e.value) and "gsm." in str(e.value), str(e.value)
+    assert "Traceback" not in str(e.value) and "errors.pydantic.dev" not in str(e.value)

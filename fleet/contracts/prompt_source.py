@@ -6,7 +6,9 @@ a shard carries its `FileSlice` and the actor that runs it reads just those rows
 Both sides use this module, so it lives in fleet.contracts (pyarrow is on both sides).
 
 JSONL and CSV slices are byte ranges found by one pass over the lines: a CSV record must not
-span lines (a quoted line break is refused with a message; convert such a file to Parquet).
+span lines (a quoted line break is refused with a message; convert such a file to Parquet). Every
+reader is strict (fleet/contracts/prompt_rows.py): a malformed row is an error naming the file and
+the row, found by `check` before any shard runs.
 Parquet slices are row ranges inside row groups; an actor keeps the last row group it decoded,
 because consecutive shards mostly fall in the same one.
 """
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
 import re
 from collections.abc import Iterator
@@ -26,7 +27,9 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from fleet.contracts.base import Strict
+from fleet.contracts.inputs import clip
 from fleet.contracts.messages import error_line, relevant
+from fleet.contracts.prompt_rows import csv_rows, json_rows
 from fleet.contracts.prompts import NUMBER, Expected, Prompt
 
 Format = Literal["jsonl", "parquet", "csv"]
@@ -158,50 +161,15 @@ def _rows(piece: FileSlice) -> list[dict[str, Any]]:
         f.seek(piece.offset)
         data = f.read(piece.end - piece.offset)
     if source.kind == "jsonl":
-        return [_json_line(source, line, piece.start + i) for i, line in enumerate(_lines(data))]
-    return _csv_rows(source, header, data, piece)
-
-
-def _lines(data: bytes) -> list[bytes]:
-    return [line for line in data.splitlines() if line.strip()]
-
-
-def _json_line(source: PromptFile, line: bytes, row: int) -> dict[str, Any]:
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError as e:
-        msg = f"{source.file}: row {row + 1}: not JSON ({e.msg})"
-        raise ValueError(msg) from None
-    if not isinstance(value, dict):
-        msg = f"{source.file}: row {row + 1}: expected a JSON object"
-        raise ValueError(msg)
-    return value
+        return json_rows(source.file, data, piece.start)
+    wanted = [*_columns(source), "prompt", "messages", "expected"]
+    return csv_rows(source.file, header, data, piece.start, wanted)
 
 
 def _columns(source: PromptFile) -> list[str]:
     expected = source.expected if isinstance(source.expected, str) else None
     mapped = [*(source.expected or {}).values()] if isinstance(source.expected, dict) else [expected]
     return [c for c in [source.id, source.prompt, source.messages, *mapped] if c]
-
-
-def _csv_rows(source: PromptFile, header: bytes, data: bytes, piece: FileSlice) -> list[dict[str, Any]]:
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    names = set(pacsv.read_csv(io.BytesIO(header)).column_names) if header.strip() else set()
-    wanted = [c for c in [*_columns(source), "prompt", "messages", "expected"] if c in names]
-    options = pacsv.ConvertOptions(include_columns=wanted, column_types=dict.fromkeys(wanted, pa.string()))
-    try:
-        table = pacsv.read_csv(io.BytesIO(header + data), convert_options=options)
-    except pa.ArrowInvalid as e:
-        msg = f"{source.file}: rows {piece.start + 1}-{piece.stop}: {e} (a CSV record must not span lines; "
-        msg += "convert such a file to Parquet or JSONL)"
-        raise ValueError(msg) from None
-    if table.num_rows != piece.stop - piece.start:
-        msg = f"{source.file}: rows {piece.start + 1}-{piece.stop}: a quoted line break inside a CSV record; "
-        msg += "convert such a file to Parquet or JSONL"
-        raise ValueError(msg)
-    return table.to_pylist()
 
 
 def _parquet_rows(piece: FileSlice) -> list[dict[str, Any]]:
@@ -244,12 +212,14 @@ def _prompt(source: PromptFile, row: dict[str, Any], index: int) -> Prompt:
         if row[col] is None:
             msg = f"{where}: column {col!r} is empty"
             raise ValueError(msg)
+    # Strict types: a number or a list where text belongs is a wrong column, not a prompt to str().
+    _expect(where, source.id, row[source.id], (str, int), "text or an integer")
     fields: dict[str, Any] = {"id": str(row[source.id])}
     if text_col is not None:
-        fields["prompt"] = str(row[text_col])
+        fields["prompt"] = _expect(where, text_col, row[text_col], (str,), "text")
     else:
         chat = row[chat_col or "messages"]
-        fields["messages"] = json.loads(chat) if isinstance(chat, str) else chat
+        fields["messages"] = _json(where, chat_col or "messages", chat) if isinstance(chat, str) else chat
     fields["expected"] = _expected(source, row, where)
     try:
         return Prompt.model_validate(fields)
@@ -258,8 +228,23 @@ def _prompt(source: PromptFile, row: dict[str, Any], index: int) -> Prompt:
         raise ValueError(msg) from None
 
 
+def _expect(where: str, col: str, value: Any, types: tuple[type, ...], what: str) -> Any:
+    if not isinstance(value, types) or isinstance(value, bool):
+        msg = f"{where}: column {col!r} holds {type(value).__name__} {clip(value, 40)}, expected {what}"
+        raise ValueError(msg)
+    return value
+
+
+def _json(where: str, col: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        msg = f"{where}: column {col!r} is not JSON ({e.msg} at character {e.pos + 1}): {clip(text, 40)}"
+        raise ValueError(msg) from None
+
+
 def _expected(source: PromptFile, row: dict[str, Any], where: str) -> Expected | None:
-    spec = source.expected
+    spec, col = source.expected, source.expected if isinstance(source.expected, str) else "expected"
     if isinstance(spec, dict):
         [(rule, col)] = spec.items()
         if col not in row:
@@ -275,10 +260,17 @@ def _expected(source: PromptFile, row: dict[str, Any], where: str) -> Expected |
                 msg = f"{where}: column {col!r} holds no number: {value[:60]!r}"
                 raise ValueError(msg)
             value = float(numbers[-1].replace(",", ""))
-        return Expected.model_validate({rule: value})
-    value = row.get(spec or "expected")
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = json.loads(value) if re.match(r"\s*\{", value) else {"exact": value}
-    return Expected.model_validate({k: v for k, v in value.items() if v is not None})
+        value = {rule: value}
+    else:
+        value = row.get(col)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = _json(where, col, value) if re.match(r"\s*\{", value) else {"exact": value}
+        _expect(where, col, value, (dict,), "an object such as {number: 4}, or text (an exact answer)")
+        value = {k: v for k, v in value.items() if v is not None}
+    try:
+        return Expected.model_validate(value)
+    except ValidationError as e:
+        msg = f"{where}: column {col!r}: {error_line(relevant(e.errors(include_url=False))[0], value)}"
+        raise ValueError(msg) from None

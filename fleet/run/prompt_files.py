@@ -118,10 +118,11 @@ def _prompt_file(name: str, spec: dict[str, Any], base_dir: Path) -> PromptFile:
         first = error_line(relevant(e.errors(include_url=False))[0], spec)
         msg = f"prompt set {str(name)[:60]!r}: {first[:300]}"
         raise ValueError(msg) from None
+    except (OSError, UnicodeDecodeError, pa.ArrowException) as e:
+        # Before ValueError, which Arrow's errors are: unreadable, not UTF-8, damaged, naming the file.
+        msg = f"prompt set {str(name)[:60]!r}: cannot read {str(spec['file'])[:200]}: {str(e)[:120]}"
+        raise ValueError(msg) from None
     except ValueError as e:
         msg = f"prompt set {str(name)[:60]!r}: {str(e).splitlines()[-1].strip().removeprefix('Value error, ')[:300]}"
-        raise ValueError(msg) from None
-    except (OSError, UnicodeDecodeError, pa.ArrowException) as e:  # unreadable, not UTF-8, damaged: the set's error
-        msg = f"prompt set {str(name)[:60]!r}: cannot read {str(spec['file'])[:200]}: {str(e)[:120]}"
         raise ValueError(msg) from None
     return source
