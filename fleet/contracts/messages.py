@@ -35,7 +35,7 @@ def field_path(raw: Any, loc: Sequence[int | str]) -> str:
                 continue  # a union member's tag: lists and scalars have no string keys
         out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
         try:
-            node = node[part]  # type: ignore[index]
+            node = node[part]
         except (KeyError, IndexError, TypeError):
             node = _LOST
     return out

@@ -169,9 +169,17 @@ def sync_readme(path: str = "README.md") -> None:
         block = re.compile(rf"(<!-- schema:{name} -->\n).*?(<!-- /schema -->)", re.S)
         text = block.sub(rf"\g<1>{markdown(declared)}\n\g<2>", text)
     for key, names in documented_names().items():
-        block = re.compile(rf"(<!-- names:{key} -->\n).*?(<!-- /names -->)", re.S)
-        text = block.sub(lambda m, names=names: f"{m.group(1)}{names}\n{m.group(2)}", text)
+        text = _between(text, f"<!-- names:{key} -->", "<!-- /names -->", names)
     readme.write_text(text)
+
+
+def _between(text: str, start: str, end: str, body: str) -> str:
+    """`text` with what lies between the marker lines `start` and `end` replaced by `body` (as is:
+    a function replacement, so a backslash in it is not a group reference)."""
+    import re
+
+    block = re.compile(rf"({re.escape(start)}\n).*?({re.escape(end)})", re.S)
+    return block.sub(lambda m: f"{m.group(1)}{body}\n{m.group(2)}", text)
 
 
 # Performance tables (issue 4): one row per measured request, one per (scenario, level) run, one
