@@ -22,9 +22,10 @@ if TYPE_CHECKING:
     from fleet.contracts.spec import Shard
 
 
-# The twin keeps the KV cache of prompts longer than TWIN_PREFIX_MIN tokens, up to TWIN_PREFIX_TOKENS
-# tokens in all (SmolLM2-135M: 46 KB a token in float32; a 7B model with 8 KV heads: 256 KB).
-TWIN_PREFIX_MIN, TWIN_PREFIX_TOKENS = 256, 16384
+# Scoring keeps the KV cache of prompts longer than PREFIX_MIN tokens, up to PREFIX_TOKENS tokens in
+# all, reference and twins together (SmolLM2-135M: 46 KB a token in float32; a 7B model with 8 KV
+# heads: 256 KB).
+PREFIX_MIN, PREFIX_TOKENS = 256, 16384
 
 
 class HFEngine(Engine):
@@ -48,7 +49,7 @@ class HFEngine(Engine):
         ).to(self.device)
         self.net.eval()
         self.twins: dict[str, Any] = {}  # dtype -> the precision twin (_twin)
-        self.twin_prefixes: dict[tuple[int, tuple[int, ...]], Any] = {}  # oldest first
+        self.prefixes: dict[tuple[int, tuple[int, ...]], Any] = {}  # (net, prompt) -> KV cache, oldest first
         # Stop on the same ids vLLM stops on: the tokenizer's EOS and generation_config's.
         stops = {self.tokenizer.eos_token_id}
         try:
@@ -127,33 +128,29 @@ class HFEngine(Engine):
         )
 
     def score(self, requests: pa.Table, *, k: int, twin: str | None = None) -> pa.Table:
-        """Teacher forcing: one forward pass over prompt + output for each row, batched, right-padded.
-        With `twin` (a dtype), a second pass with the precision twin gives `twin_logprob`."""
+        """Teacher forcing: the log-softmax at every output position of each row, from one forward
+        pass over prompt + output (short prompts batched, right-padded; long ones on their cached
+        prefix, `_prefixed`). With `twin` (a dtype), the precision twin's pass gives `twin_logprob`."""
         torch = self.torch
         twin_net = self._twin(twin) if twin is not None else None
         rows = requests.select(["prompt_id", "prompt_token_ids", "output_token_ids"]).to_pylist()
         out: list[dict[str, object]] = []
         for start in range(0, len(rows), self.args.score_batch_size):
             batch = [r for r in rows[start : start + self.args.score_batch_size] if r["output_token_ids"]]
-            if not batch:
-                continue
-            seqs = [r["prompt_token_ids"] + r["output_token_ids"] for r in batch]
-            width = max(map(len, seqs))
-            pad = self.tokenizer.pad_token_id or 0
-            ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=self.device)
-            mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=self.device)
-            with torch.inference_mode():
-                logits = self.net(input_ids=ids, attention_mask=mask).logits
-            for b, r in enumerate(batch):
-                n_prompt, n_out = len(r["prompt_token_ids"]), len(r["output_token_ids"])
-                # Logits at position t predict token t+1: output token j is predicted at n_prompt-1+j.
-                logp = torch.log_softmax(logits[b, n_prompt - 1 : n_prompt - 1 + n_out].float(), dim=-1)
+            short = [r for r in batch if len(r["prompt_token_ids"]) <= PREFIX_MIN]
+            logps = dict(zip(map(id, short), self._padded(short), strict=True)) if short else {}
+            for r in batch:
+                logp = logps.pop(id(r)) if id(r) in logps else self._prefixed(self.net, r)
                 target = torch.tensor(r["output_token_ids"], device=self.device)
                 chosen = logp.gather(1, target[:, None])[:, 0]
                 ranks = (logp > chosen[:, None]).sum(dim=1) + 1
                 values, indices = torch.topk(logp, k, dim=-1)
-                twin_chosen = self._twin_logprobs(twin_net, r) if twin_net is not None else [None] * n_out
-                for j in range(n_out):
+                twin_chosen = (
+                    self._prefixed(twin_net, r).gather(1, target[:, None])[:, 0].tolist()
+                    if twin_net is not None
+                    else [None] * len(target)
+                )
+                for j in range(len(target)):
                     out.append(
                         {
                             "prompt_id": r["prompt_id"],
@@ -167,31 +164,48 @@ class HFEngine(Engine):
                     )
         return scores_table(out)
 
-    def _twin_logprobs(self, net: Any, row: dict[str, Any]) -> list[float]:
-        """The twin's logprobs of one row's output tokens, one unpadded sequence per pass (eager
-        attention holds a heads x length^2 matrix per sequence, which a batch of long ones would
-        multiply). Every candidate is scored on the same prompts, so the twin keeps each long
-        prompt's KV cache (the newest, up to TWIN_PREFIX_TOKENS) and runs only the output tokens on a copy of it."""
+    def _padded(self, batch: list[dict[str, Any]]) -> list[Any]:
+        """One batched pass of the reference over right-padded rows: per row, the float32
+        log-softmax at its output positions (logits at t predict token t+1)."""
+        torch = self.torch
+        seqs = [r["prompt_token_ids"] + r["output_token_ids"] for r in batch]
+        width = max(map(len, seqs))
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=self.device)
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=self.device)
+        with torch.inference_mode():
+            logits = self.net(input_ids=ids, attention_mask=mask).logits
+        out = []
+        for b, r in enumerate(batch):
+            n_prompt, n_out = len(r["prompt_token_ids"]), len(r["output_token_ids"])
+            out.append(torch.log_softmax(logits[b, n_prompt - 1 : n_prompt - 1 + n_out].float(), dim=-1))
+        return out
+
+    def _prefixed(self, net: Any, row: dict[str, Any]) -> Any:
+        """The float32 log-softmax at one row's output positions, one unpadded sequence per pass
+        (a padded batch would pay the longest prompt for every row, and eager attention holds a
+        heads x length^2 matrix per sequence). Every candidate is scored on the same prompts, so a
+        long prompt's KV cache is kept (the newest, up to PREFIX_TOKENS tokens) and only the output
+        tokens run, on a copy of it: the prompt is computed the same way whichever candidate comes first."""
         import copy
 
         torch = self.torch
         prompt, out_ids = row["prompt_token_ids"], row["output_token_ids"]
         key = (id(net), tuple(prompt[:-1]))
         with torch.inference_mode():
-            if len(prompt) > TWIN_PREFIX_MIN and key not in self.twin_prefixes:
+            if len(prompt) > PREFIX_MIN and key not in self.prefixes:
                 prefix = torch.tensor([prompt[:-1]], device=self.device)
-                self.twin_prefixes[key] = net(input_ids=prefix, use_cache=True).past_key_values
-                while sum(len(k[1]) for k in self.twin_prefixes) > TWIN_PREFIX_TOKENS:
-                    self.twin_prefixes.pop(next(iter(self.twin_prefixes)))
-            if key in self.twin_prefixes:
+                self.prefixes[key] = net(input_ids=prefix, use_cache=True).past_key_values
+                while sum(len(k[1]) for k in self.prefixes) > PREFIX_TOKENS:
+                    self.prefixes.pop(next(iter(self.prefixes)))
+            if key in self.prefixes:
                 ids = torch.tensor([prompt[-1:] + out_ids[:-1]], device=self.device)
-                past = copy.deepcopy(self.twin_prefixes[key])  # the forward pass extends it in place
+                past = copy.deepcopy(self.prefixes[key])  # the forward pass extends it in place
                 logits = net(input_ids=ids, past_key_values=past, use_cache=True).logits[0]
             else:
                 ids = torch.tensor([prompt + out_ids], device=self.device)
                 logits = net(input_ids=ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(out_ids)]
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        return [float(x) for x in logp.gather(1, torch.tensor(out_ids, device=self.device)[:, None])[:, 0]]
+        return torch.log_softmax(logits.float(), dim=-1)
 
     def _twin(self, dtype: str) -> Any:
         """The precision twin for `dtype`: this reference's weights cast to it, run with the other

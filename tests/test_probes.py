@@ -456,3 +456,30 @@ def test_vllm_probe_needs_an_engine_built_for_it(vllm_engine: Any) -> None:
         mp.setattr(config, "max_logprobs", 20)
         with pytest.raises(ValueError, match="max_logprobs=-1"):
             vllm_engine.probe_logits(_prompts(), prompt_set="s")
+
+
+def test_long_prompts_score_on_their_cached_prefix_as_a_full_pass_does(model: Any) -> None:
+    """Rows with a prompt over PREFIX_MIN tokens run only their output tokens on the prompt's
+    cached KV (once per prompt, whichever candidate comes first); the figures are those of one
+    full padded pass, to float32 rounding, for the reference and its twin alike."""
+    import actors.hf_reference as hf
+
+    engine = _hf(model, "hf-fp32", "float32")
+    long_prompt = list(range(3, 3 + hf.PREFIX_MIN + 40))
+    rows = [
+        {"prompt_id": "long", "prompt_token_ids": long_prompt, "output_token_ids": [5, 9, 11, 7]},
+        {"prompt_id": "long", "prompt_token_ids": long_prompt, "output_token_ids": [5, 9, 12]},  # another candidate's
+        {"prompt_id": "short", "prompt_token_ids": [3, 4, 5], "output_token_ids": [6, 7]},
+    ]
+    table = engine.score(pa.Table.from_pylist(rows), k=3, twin="float32")
+    order = [(r["prompt_id"], j) for r in rows for j in range(len(r["output_token_ids"]))]
+    assert [(r["prompt_id"], r["position"]) for r in table.to_pylist()] == order  # the requests' order
+    assert len(engine.prefixes) == 2  # the long prompt once for the reference, once for the twin
+    full = engine._padded(rows[:2])  # what one full pass over prompt + output gives
+    got = pl.from_arrow(table).filter(pl.col("prompt_id") == "long")["ref_logprob"].to_list()
+    want = [float(full[0][j, t]) for j, t in enumerate(rows[0]["output_token_ids"])]
+    want += [float(full[1][j, t]) for j, t in enumerate(rows[1]["output_token_ids"])]
+    assert got == pytest.approx(want, abs=1e-5)
+    twin = pl.from_arrow(table)["twin_logprob"].to_list()
+    assert twin[:7] == pytest.approx(want, abs=1e-4)  # float32, the other attention kernel
+    engine.shutdown()
