@@ -18,8 +18,8 @@ def test_plain_lines_when_not_a_terminal() -> None:
         progress.update(1, model="m2", tokens=100)
     text = out.getvalue()
     assert "\r" not in text
-    assert re.search(r"progress m1: 1/4 shards, [\d,]+ tok/s, ETA \d+:\d\d:\d\d\n", text)
-    assert re.search(r"progress m2: 2/2 shards, [\d,]+ tok/s, ETA 0:00:00\n", text)
+    assert re.search(r"progress m1: 1/4 shards, [\d,]+ token rows stored/s, ETA \d+:\d\d:\d\d\n", text)
+    assert re.search(r"progress m2: 2/2 shards, [\d,]+ token rows stored/s, ETA 0:00:00\n", text)
     assert "retry 2/3 m1/cand generate: boom\n" in text
 
 

@@ -72,7 +72,11 @@ class Progress:
             self.started.setdefault(model, time.monotonic())
 
     def lines(self) -> list[str]:
-        """One status per model with work: 'm: 12/40 shards, 3,200 tok/s, ETA 0:00:42'."""
+        """One status per model with work: 'm: 12/40 shards, 3,200 token rows stored/s, ETA 0:00:42'.
+
+        The rate is the run's own pace, token rows stored (every target's, scored) per wall second
+        since the model's actors started, engine starts included; an engine's throughput is the
+        report's figure, not this one, and the label says which it is."""
         now, out = time.monotonic(), []
         for model, planned in self.planned.items():
             done, elapsed = self.done[model], now - self.started.get(model, now)
@@ -81,7 +85,7 @@ class Progress:
                 continue
             rate = self.tokens[model] / elapsed if elapsed > 0 else 0.0
             eta = elapsed / done * (planned - done) if done < planned else 0.0
-            out.append(f"{model}: {done}/{planned} shards, {rate:,.0f} tok/s, ETA {_eta(eta)}")
+            out.append(f"{model}: {done}/{planned} shards, {rate:,.0f} token rows stored/s, ETA {_eta(eta)}")
         return out
 
     def write(self, message: str) -> None:
