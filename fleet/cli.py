@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from fleet.report.model import RunReport
 
 EXIT_OK, EXIT_PARTIAL, EXIT_GATES = 0, 3, 4
+EXIT_MEANING = {
+    ("run", EXIT_PARTIAL): "the run is partial (run.json names what failed) and no gate checks it",
+    ("run", EXIT_GATES): "a gate failed",
+    ("calibrate", EXIT_GATES): "the gates missed the calibration goal",
+}
+EXIT_MEANING |= {("report", code): why for (verb, code), why in EXIT_MEANING.items() if verb == "run"}
 
 
 MAX_LINES = 3  # what a UserError may print (lines of at most MAX_LINE): the rest is cut
@@ -45,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         verbs = {"run": _run, "calibrate": _calibrate, "report": _report, "compare": _compare, "runs": _runs}
         verbs["query"] = _query
-        return verbs[args.command](args)
+        code = verbs[args.command](args)
     except UserError as e:
         print(user_message(e), file=sys.stderr)
         return EXIT_USAGE
@@ -61,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    if (args.command, code) in EXIT_MEANING:  # a last line for wrappers that keep only 0 / not 0 (ray job submit)
+        print(f"fleet {args.command}: exit {code}: {EXIT_MEANING[args.command, code]}", file=sys.stderr)
+    return code
 
 
 def user_message(error: Exception) -> str:

@@ -178,8 +178,11 @@ def test_cli_report_writes_every_format_and_exits_on_gates(
     page, md = tmp_path / "report.html", tmp_path / "report.md"
     run = str(full.run_dir)
     assert cli.main(["report", run, "--html", str(page), "--markdown", str(md)]) == 4  # the run's gates: FAIL
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "## Gates: FAIL" in out and f"wrote {page}" in out and f"wrote {md}" in out
+    # The code's meaning as the last line: `ray job submit` turns every failure into exit 1.
+    assert captured.err.splitlines()[-1] == "fleet report: exit 4: a gate failed"
     mdcheck.tables(out.split(f"wrote {page}")[0])
     mdcheck.tables(md.read_text(encoding="utf-8"))
     assert page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
