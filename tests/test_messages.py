@@ -94,3 +94,30 @@ def test_a_long_list_is_whole_or_not_shown() -> None:
     assert "did you mean 'metric_number_7'" in msg and msg.endswith("(60 known metrics, all listed in the docs)")
     short = unknown("kind", "x", ["a", "b"])
     assert short == "unknown kind 'x' (known kinds: a, b)" and len(", ".join(known)) > LIST_BUDGET
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "needle"),
+    [
+        # a target field, inside the union of backends: the keys of the kind it names
+        ("max_model_len: 256}", "max_model_length: 256}",
+         "targets[1].max_model_length: unknown key 'max_model_length'; did you mean 'max_model_len'?"),
+        ("  logprobs: 5", "  logprob: 5", "sampling.logprob: unknown key 'logprob'; did you mean 'logprobs'?"),
+        ("{id: capital, ", "{id: capital, expectd: {contains: Paris}, ",
+         "prompts.smollm-six[0].expectd: unknown key 'expectd'; did you mean 'expected'?"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_gets_the_closest_known_one(tmp_path: Path, old: str, new: str, needle: str) -> None:
+    err = check(tmp_path, tiny(**{old: new}), needle)
+    assert_plain(err)
+
+
+def test_known_keys_follow_lists_dicts_and_the_kind_of_a_union() -> None:
+    from fleet.contracts.messages import known_keys
+    from fleet.run.manifest import Manifest
+
+    vllm = known_keys(Manifest, ("targets", 1, "vllm", "bogus"))
+    assert "max_model_len" in vllm and "attn_implementation" not in vllm  # the vllm backend's, not hf's
+    assert "attn_implementation" in known_keys(Manifest, ("targets", 0, "hf", "bogus"))
+    assert known_keys(Manifest, ("sampling", "bogus")) == ["logprobs", "max_tokens", "seed", "temperature"]
+    assert known_keys(Manifest, ("nosuchfield", "bogus")) == []  # nothing to offer: the plain message

@@ -51,7 +51,9 @@ def parse(raw: Any, *, source: str = "gates") -> list[Gate]:
         try:
             gates.append(Gate.model_validate(item))
         except ValidationError as e:
-            errors += [f"  gates[{i}].{error_line(err, item)}" for err in relevant(e.errors(include_url=False))]
+            errors += [
+                f"  gates[{i}].{error_line(err, item, model=Gate)}" for err in relevant(e.errors(include_url=False))
+            ]
     if errors:
         raise UserError("\n".join([f"{source}: {len(errors)} error(s)", *errors]))
     return gates

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Collection, Sequence
-from typing import Any
+import types
+from collections.abc import Collection, Mapping, Sequence
+from typing import Annotated, Any, Union, get_args, get_origin
+
+from pydantic import BaseModel
 
 from fleet.contracts.inputs import clip
 
@@ -83,16 +86,63 @@ def unknown(what: str, value: Any, known: Collection[str], *, listed: str = "") 
     return f"{msg} ({len(known)} known {plural(what)}, all listed in {listed})"
 
 
-def error_line(err: Any, raw: Any, *, hidden: Collection[str] = ()) -> str:
+def known_keys(root: Any, loc: Sequence[int | str]) -> list[str]:
+    """The keys allowed where pydantic found the extra key `loc[-1]`: the fields (as written, i.e.
+    aliases) of every model `root` can hold at `loc[:-1]`, following lists, dicts and unions (a
+    union member's tag in `loc` keeps the candidates as they are; a `kind` value picks its member)."""
+    candidates = _members(root)
+    for part in loc[:-1]:
+        step: list[Any] = []
+        for tp in candidates:
+            origin, args = get_origin(tp), get_args(tp)
+            if isinstance(tp, type) and issubclass(tp, BaseModel):
+                if isinstance(part, str) and part in _fields(tp):
+                    step += _members(_fields(tp)[part])
+                elif isinstance(part, str) and (_TAG.search(part) or _kind(tp) == part):
+                    step.append(tp)  # a union member's tag, or the discriminator value
+            elif isinstance(part, int) and origin in (list, tuple, Sequence) and args:
+                step += _members(args[0])
+            elif isinstance(part, str) and origin in (dict, Mapping) and len(args) == 2:
+                step += _members(args[1])
+            elif isinstance(part, str) and _TAG.search(part):
+                step.append(tp)
+        candidates = step
+    models = [tp for tp in candidates if isinstance(tp, type) and issubclass(tp, BaseModel)]
+    return sorted({key for tp in models for key in _fields(tp)})
+
+
+def _members(tp: Any) -> list[Any]:
+    """`tp` without Annotated and Optional, a union as its members."""
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _members(get_args(tp)[0])
+    if origin in (Union, types.UnionType):
+        return [m for arg in get_args(tp) for m in _members(arg)]
+    return [tp]
+
+
+def _fields(model: type[BaseModel]) -> dict[str, Any]:
+    return {f.alias or name: f.annotation for name, f in model.model_fields.items()}
+
+
+def _kind(model: type[BaseModel]) -> Any:
+    field = model.model_fields.get("kind")
+    return None if field is None else field.default
+
+
+def error_line(err: Any, raw: Any, *, hidden: Collection[str] = (), model: Any = None) -> str:
     """One pydantic error as `field: what is wrong`, the field as written. `hidden`: fields whose
-    value may be a credential; their value is never repeated."""
+    value may be a credential; their value is never repeated. `model`: the type `raw` was
+    validated as, for the keys an unknown key could have meant."""
     loc, msg = field_path(raw, err["loc"]), str(err["msg"]).removeprefix("Value error, ")
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind == "union_tag_invalid":
         tag = err["input"].get("kind") if isinstance(err["input"], dict) else None
         loc, msg = f"{loc}.kind" if loc else "kind", unknown("kind", tag, _quoted(ctx.get("expected_tags", "")))
     elif kind == "extra_forbidden":
-        msg = f"unknown key {clip(str(err['loc'][-1]) if err['loc'] else '', 40)} (a typo? extra keys are not allowed)"
+        key = str(err["loc"][-1]) if err["loc"] else ""
+        keys = known_keys(model, err["loc"]) if model is not None and err["loc"] else []
+        msg = unknown("key", key, keys) if keys else f"unknown key {clip(key, 40)} (a typo? extra keys are not allowed)"
     elif kind == "literal_error":
         field = next((str(p) for p in reversed(err["loc"]) if isinstance(p, str) and not _TAG.search(p)), "value")
         msg = unknown(field, err["input"], _quoted(str(ctx.get("expected", ""))))

@@ -224,7 +224,7 @@ def _prompt(source: PromptFile, row: dict[str, Any], index: int) -> Prompt:
     try:
         return Prompt.model_validate(fields)
     except ValidationError as e:  # its last line is pydantic's URL: the first error, the column as mapped
-        msg = f"{where}: {error_line(relevant(e.errors(include_url=False))[0], fields)}"
+        msg = f"{where}: {error_line(relevant(e.errors(include_url=False))[0], fields, model=Prompt)}"
         raise ValueError(msg) from None
 
 
@@ -272,5 +272,5 @@ def _expected(source: PromptFile, row: dict[str, Any], where: str) -> Expected |
     try:
         return Expected.model_validate(value)
     except ValidationError as e:
-        msg = f"{where}: column {col!r}: {error_line(relevant(e.errors(include_url=False))[0], value)}"
+        msg = f"{where}: column {col!r}: {error_line(relevant(e.errors(include_url=False))[0], value, model=Expected)}"
         raise ValueError(msg) from None

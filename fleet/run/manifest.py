@@ -315,5 +315,7 @@ def format_error(path: str | Path, raw: Any, error: ValidationError) -> str:
     errors = relevant(error.errors(include_url=False))
     more = f" (the first {SHOWN_ERRORS} shown)" if len(errors) > SHOWN_ERRORS else ""
     lines = [f"{cut(str(path), 200)}: {len(errors)} error(s){more}"]
-    lines += [cut(f"  {error_line(err, raw, hidden=_SECRET_FIELDS)}", 300) for err in errors[:SHOWN_ERRORS]]
+    lines += [
+        cut(f"  {error_line(err, raw, hidden=_SECRET_FIELDS, model=Manifest)}", 300) for err in errors[:SHOWN_ERRORS]
+    ]
     return "\n".join(lines)
