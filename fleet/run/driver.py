@@ -32,10 +32,10 @@ from fleet.run import manifest as manifest_mod
 from fleet.run.placement import check_fits
 from fleet.run.plan import PerfRun, ProbeRun, plan, plan_perf, plan_probes
 from fleet.run.progress import Progress
-from fleet.run.scheduler import GatesOf, Outcome, execute
+from fleet.run.scheduler import GateCheck, Outcome, execute
 
 # (run_dir, model, target) -> why the target's gates failed on the rows written so far (None: passed).
-GatesFor = Callable[[str | Path, str, str], str | None]
+RunGateCheck = Callable[[str | Path, str, str], str | None]
 
 
 def default_run_id(manifest_path: Path) -> str:
@@ -75,7 +75,7 @@ def run(
     progress: bool = True,
     verbose: bool = False,
     overrides: Sequence[str] = (),
-    gates_of: GatesFor | None = None,
+    gates_of: RunGateCheck | None = None,
 ) -> tuple[str | Path, Outcome]:
     """Run a manifest and return the run directory and what failed (if anything).
 
@@ -168,7 +168,7 @@ def resume(
     ray_address: str | None = None,
     progress: bool = True,
     verbose: bool = False,
-    gates_of: GatesFor | None = None,
+    gates_of: RunGateCheck | None = None,
 ) -> tuple[str | Path, Outcome]:
     """Finish an interrupted run: only the shards without a written `shards` row run again."""
     store, info, manifest, todo, perf_todo, probes_todo = check_resume(run_dir)
@@ -257,7 +257,7 @@ def _execute(
     progress: bool,
     before: dict[str, Any] | None = None,
     failed_before_start: dict[str, str] | None = None,
-    gates_of: GatesOf | None = None,
+    gates_of: GateCheck | None = None,
 ) -> Outcome:
     """Dispatch shards and perf levels, then record in run.json how it ended (also when interrupted)."""
     before = before or {}
@@ -282,7 +282,7 @@ def _execute(
     return outcome
 
 
-def _bind(gates_of: GatesFor | None, run_dir: str | Path) -> GatesOf | None:
+def _bind(gates_of: RunGateCheck | None, run_dir: str | Path) -> GateCheck | None:
     return None if gates_of is None else functools.partial(gates_of, run_dir)
 
 

@@ -47,7 +47,7 @@ MAX_PENDING_WRITES = 16
 # (model, target) -> why its gates did not pass on the rows written so far (None: they passed, or it
 # has none). The driver cannot evaluate gates itself (fleet.analysis is beside it, not below):
 # `fleet run` passes fleet.report's.
-GatesOf = Callable[[str, str], str | None]
+GateCheck = Callable[[str, str], str | None]
 
 
 @dataclass
@@ -74,7 +74,7 @@ def execute(
     *,
     cluster: dict[str, float],
     probes: Sequence[ProbeRun] = (),
-    gates_of: GatesOf | None = None,
+    gates_of: GateCheck | None = None,
 ) -> Outcome:
     """Run every shard, probe and perf level (retrying faults), write what they produce; returns
     what failed. `gates_of` is what `after:` checks beside failures (None: failures only)."""
@@ -93,7 +93,7 @@ class Loop:
         store: RunStore,
         bar: Progress,
         cluster: dict[str, float],
-        gates_of: GatesOf | None = None,
+        gates_of: GateCheck | None = None,
     ) -> None:
         self.manifest, self.store, self.bar, self.outcome = manifest, store, bar, Outcome()
         self.gates_of, self.gate_verdicts = gates_of, dict[tuple[str, str], str | None]()
