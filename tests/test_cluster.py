@@ -19,7 +19,7 @@ import pytest
 
 from fleet.contracts.errors import UserError
 from fleet.run.manifest import load
-from fleet.run.placement import check_fits, footprint
+from fleet.run.placement import check_fits, reservation
 
 pytestmark = pytest.mark.engine
 
@@ -48,10 +48,10 @@ def manifest(tmp: Path, n_models: int) -> Path:
     return path
 
 
-def test_footprint_and_early_error(tmp_path: Path) -> None:
+def test_reservation_and_early_error(tmp_path: Path) -> None:
     m = load(manifest(tmp_path, 1))
     cluster = {"CPU": 8.0, "NPU": 16.0}
-    assert footprint(m, cluster) == {"CPU": 0.75, "NPU": 6.0}  # 1 + 1 + 4 cards: all at once
+    assert reservation(m, cluster) == {"CPU": 0.75, "NPU": 6.0}  # 1 + 1 + 4 cards: all at once
     # 4 cards on one node only: a tp=4 target cannot be placed on 2 x 3 cards.
     with pytest.raises(RuntimeError, match=r"'tp4' needs .* on one node"):
         check_fits(m, {"CPU": 8.0, "NPU": 6.0}, [{"CPU": 4.0, "NPU": 3.0}, {"CPU": 4.0, "NPU": 3.0}])
@@ -120,7 +120,7 @@ PP_MANIFEST = textwrap.dedent(
 # One simulated cluster for both runs below (a process holds one Ray; the cluster's start is the
 # cost): 2 nodes x 8 `NPU`. First the 3-model run, then the two-node engine's run and the hand-over.
 #
-# The hand-over: fleet reserves the group exactly as for a run (fleet.run.slots.reserve) and an
+# The hand-over: fleet reserves the group exactly as for a run (fleet.run.placement.reserve) and an
 # actor placed as the engine's would be runs vLLM's own Ray-executor set-up on it
 # (initialize_ray_cluster, then the rank -> bundle order its workers take). vLLM's CPU platform
 # has no Ray device (empty ray_device_key), so the probe gives it vllm-ascend's, "NPU"; every
@@ -133,7 +133,7 @@ SCRIPT = textwrap.dedent(
     import ray
     from fleet.run import driver
     from fleet.run.manifest import load
-    from fleet.run.slots import reserve
+    from fleet.run.placement import reserve
 
     cluster = Cluster()
     for _ in range(2):
@@ -167,7 +167,6 @@ SCRIPT = textwrap.dedent(
 
     target = load(pp_manifest).target("tp8pp2")
     pg, options = reserve(target)
-    options.pop("runtime_env")
     probe = VllmDriverProbe.options(**options).remote()
     seen = ray.get(probe.hand_over.remote(), timeout=300)
     seen["fleet_pg"] = pg.id.hex()
@@ -231,10 +230,10 @@ def test_an_engine_over_two_nodes_gets_one_bundle_per_card_and_vllm_takes_them(
 def test_multi_node_admission() -> None:
     """A 2-stage x 8-card target fits two 8-card nodes, not 16 cards in stages split over 3 nodes."""
     from fleet.contracts.targets import TestDoubleArgs
-    from fleet.run.placement import need, places
+    from fleet.run.placement import footprint, places
 
     t = TestDoubleArgs(name="t", device="npu", tensor_parallel_size=8, pipeline_parallel_size=2, num_cpus=1)
-    assert need(t) == {"CPU": 1.0, "NPU": 16.0}
+    assert footprint(t) == {"CPU": 1.0, "NPU": 16.0}
     assert places(t, [{"CPU": 4.0, "NPU": 8.0}, {"CPU": 4.0, "NPU": 8.0}])
     assert not places(t, [{"CPU": 4.0, "NPU": 6.0}, {"CPU": 4.0, "NPU": 5.0}, {"CPU": 4.0, "NPU": 5.0}])
     assert not places(t, [{"CPU": 0.0, "NPU": 8.0}, {"CPU": 0.0, "NPU": 8.0}])  # nowhere for the actor

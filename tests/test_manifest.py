@@ -11,6 +11,7 @@ import pytest
 
 from fleet.contracts.errors import ManifestError
 from fleet.run.manifest import load
+from fleet.run.placement import actor_options
 from fleet.run.plan import plan
 
 GOOD = textwrap.dedent(
@@ -61,7 +62,7 @@ def test_cpu_vllm_targets_get_cpu_engine_defaults(tmp_path: Path) -> None:
     m = load(write(tmp_path, GOOD))
     env = m.target("cand").actor_env()
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert m.target("cand").ray_resources() == {"num_cpus": 1.0}
+    assert actor_options(m.target("cand")) == {"num_cpus": 1.0}
 
 
 def test_card_vllm_targets_keep_vllms_own_process_layout(tmp_path: Path) -> None:
@@ -74,9 +75,9 @@ def test_card_vllm_targets_keep_vllms_own_process_layout(tmp_path: Path) -> None
 
 def test_card_resources_per_device(tmp_path: Path) -> None:
     m = load(write(tmp_path, GOOD.replace("kind: vllm, device: cpu", "kind: vllm, device: npu")))
-    assert m.target("cand").ray_resources() == {"num_cpus": 1.0, "resources": {"NPU": 1}}
+    assert actor_options(m.target("cand")) == {"num_cpus": 1.0, "resources": {"NPU": 1}}
     m = load(write(tmp_path, GOOD.replace("kind: vllm, device: cpu", "kind: vllm, device: cuda")))
-    assert m.target("cand").ray_resources() == {"num_cpus": 1.0, "num_gpus": 1}
+    assert actor_options(m.target("cand")) == {"num_cpus": 1.0, "num_gpus": 1}
 
 
 BAD = {

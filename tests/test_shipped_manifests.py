@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleet.run.manifest import load
-from fleet.run.placement import check_fits, need, places
+from fleet.run.placement import bundles, check_fits, footprint, places
 
 MANIFESTS = sorted((Path(__file__).resolve().parents[1] / "manifests").glob("*.yaml"))
 ATLAS_NODE = {"CPU": 192.0, "NPU": 8.0}  # an Atlas 800: 8 cards (CPU count: any ample figure)
@@ -27,14 +27,14 @@ def test_tp8_fits_one_atlas_node_and_uses_the_mp_executor() -> None:
     m = load(MANIFESTS[0].parent / "atlas-tp8.yaml")
     for name in ("vllm-npu-tp8", "vllm-server-npu-tp8"):
         t = m.target(name)
-        assert (t.executor, t.spans_nodes, need(t)["NPU"]) == ("mp", False, 8.0)
+        assert (t.executor, t.spans_nodes, footprint(t)["NPU"]) == ("mp", False, 8.0)
     check_fits(m, ATLAS_NODE, [ATLAS_NODE])  # candidates take turns on the one node's 8 cards
 
 
 def test_the_two_node_model_needs_two_atlas_nodes() -> None:
     m = load(MANIFESTS[0].parent / "atlas-2node.yaml")
     t = m.target("vllm-npu-tp8-pp2")
-    assert (t.executor, t.cards, len(t.bundles())) == ("ray", 16, 16)
+    assert (t.executor, t.cards, len(bundles(t))) == ("ray", 16, 16)
     assert not places(t, [ATLAS_NODE])
     two = [ATLAS_NODE, ATLAS_NODE]
     assert places(t, two)

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from actors import threads
 from fleet.contracts.targets import HFArgs, TestDoubleArgs, VllmArgs, VllmServerArgs
+from fleet.run.placement import actor_options, bundles
 
 
 def test_one_rank_is_not_bound_and_runs_num_cpus_threads() -> None:
@@ -62,12 +63,12 @@ def test_placements_vllm_cannot_run_are_refused() -> None:
 
 def test_bundles_one_per_card_over_nodes() -> None:
     one = VllmArgs(name="v", device="npu", tensor_parallel_size=8, num_cpus=4)
-    assert one.bundles() == [{"CPU": 4.0, "NPU": 8.0}]
-    assert one.ray_resources() == {"num_cpus": 4, "resources": {"NPU": 8}}
+    assert bundles(one) == [{"CPU": 4.0, "NPU": 8.0}]
+    assert actor_options(one) == {"num_cpus": 4, "resources": {"NPU": 8}}
     many = VllmArgs(
         name="v", device="cuda", tensor_parallel_size=2, pipeline_parallel_size=2, num_cpus=4,
         resources={"accelerator_type:H100": 0.001},
     )  # fmt: skip
     tag = {"accelerator_type:H100": 0.001}
-    assert many.bundles() == [{"CPU": 4.0, "GPU": 1.0} | tag] + [{"GPU": 1.0} | tag] * 3
-    assert many.ray_resources() == {"num_cpus": 4, "resources": tag}  # the actor itself holds no card
+    assert bundles(many) == [{"CPU": 4.0, "GPU": 1.0} | tag] + [{"GPU": 1.0} | tag] * 3
+    assert actor_options(many) == {"num_cpus": 4, "resources": tag}  # the actor itself holds no card

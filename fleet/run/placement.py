@@ -1,19 +1,81 @@
-"""Resource arithmetic for placement: what a target's actor holds, what a model holds while it
-runs, and whether a cluster can ever run a manifest (checked before anything starts)."""
+"""Where an engine goes: what one engine of a target holds (its `footprint`, as placement-group
+bundles), the Ray options and group its actor starts with, what one model holds while it runs
+(its `reservation`), and whether a cluster can ever run a manifest (checked before anything starts).
+
+Everything here is derived from `bundles`: the admission arithmetic and the group Ray reserves
+cannot disagree about what an engine holds.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fleet.contracts.targets import TargetArgs
     from fleet.run.manifest import Manifest
 
+# The cluster_resources() key of one card, by device (cpu has none: its ranks are cores).
+CARD = {"cuda": "GPU", "npu": "NPU"}
 
-def need(target: TargetArgs) -> dict[str, float]:
-    """The Ray resources one engine of `target` holds (its actor and every card, over however many
+
+def bundles(target: TargetArgs) -> list[dict[str, float]]:
+    """The placement-group bundles one engine of `target` reserves, as cluster_resources() keys.
+
+    On one node: a single bundle holding the actor's CPUs and all its cards. Over several
+    nodes: one bundle per card, the way Ray's own LLM batch API reserves them for vLLM's Ray
+    executor (which refuses a bundle with more than one card); the first also holds the actor's
+    CPUs, and every bundle carries `resources` (e.g. an accelerator_type on each card's node).
+    """
+    extra = {k: float(v) for k, v in target.resources.items()}
+    if target.spans_nodes:
+        each = {CARD[target.device]: 1.0} | extra
+        return [{"CPU": float(target.num_cpus)} | each] + [dict(each) for _ in range(target.cards - 1)]
+    held = {"CPU": float(target.num_cpus)}
+    if target.device in CARD:
+        key = CARD[target.device]
+        held[key] = extra.pop(key, 0.0) + target.cards
+    return [{k: v for k, v in (held | extra).items() if v}]
+
+
+def footprint(target: TargetArgs) -> dict[str, float]:
+    """What one engine of `target` holds in all (its actor and every card, over however many
     nodes), as cluster_resources() keys."""
-    return add(*target.bundles())
+    return add(*bundles(target))
+
+
+def actor_options(target: TargetArgs) -> dict[str, Any]:
+    """Ray options for `target`'s actor: its bundle's resources; over several nodes without the
+    cards, which belong to vLLM's Ray workers, one per bundle."""
+    held = dict(bundles(target)[0])
+    if target.spans_nodes:
+        del held[CARD[target.device]]
+    options: dict[str, Any] = {"num_cpus": held.pop("CPU")}
+    if "GPU" in held:
+        options["num_gpus"] = held.pop("GPU")
+    if held:
+        options["resources"] = held
+    return options
+
+
+def reserve(target: TargetArgs) -> tuple[Any, dict[str, Any]]:
+    """The placement group (None for one card) and Ray options of one actor of `target`.
+
+    Reserved atomically for this engine. On one node: one bundle with all its cards
+    (STRICT_PACK). Over nodes: one bundle per card, packed onto as few nodes as hold them, the
+    actor in the first; vLLM's Ray executor finds this group from inside the actor
+    (ray.util.get_current_placement_group) and puts one worker in each card's bundle.
+    """
+    options = actor_options(target)
+    if target.cards == 1:
+        return None, options
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group(bundles(target), strategy="PACK" if target.spans_nodes else "STRICT_PACK")
+    options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+        pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=target.spans_nodes
+    )
+    return pg, options
 
 
 def places(target: TargetArgs, nodes: list[dict[str, float]]) -> bool:
@@ -22,8 +84,8 @@ def places(target: TargetArgs, nodes: list[dict[str, float]]) -> bool:
     ranks into stages node by node; a stage across nodes would run tensor parallelism over the
     network, so it is not counted)."""
     if not target.spans_nodes:
-        return any(fits(need(target), node) for node in nodes)
-    card = target.bundles()[-1]  # one card and the target's extra resources
+        return any(fits(footprint(target), node) for node in nodes)
+    card = bundles(target)[-1]  # one card and the target's extra resources
     stage = {k: v * target.tensor_parallel_size for k, v in card.items()}
     actor = {"CPU": float(target.num_cpus)}
     counts = [_copies(stage, node) for node in nodes]
@@ -53,14 +115,14 @@ def fits(want: dict[str, float], have: dict[str, float]) -> bool:
     return all(have.get(k, 0.0) >= v - 1e-9 for k, v in want.items())
 
 
-def footprint(manifest: Manifest, cluster: dict[str, float]) -> dict[str, float]:
+def reservation(manifest: Manifest, cluster: dict[str, float]) -> dict[str, float]:
     """What one model holds while it runs: every target at once when the cluster could ever fit
     that, else the reference plus the largest candidate (candidates then take turns)."""
-    ref = manifest.target(manifest.reference)
-    everything = add(*(need(t) for t in manifest.targets))
+    ref = footprint(manifest.target(manifest.reference))
+    everything = add(*(footprint(t) for t in manifest.targets))
     if fits(everything, cluster):
         return everything
-    pairs = [add(need(ref), need(t)) for t in manifest.targets if t.name != ref.name] or [need(ref)]
+    pairs = [add(ref, footprint(t)) for t in manifest.targets if t.name != manifest.reference] or [ref]
     return {k: max(p.get(k, 0.0) for p in pairs) for k in set().union(*pairs)}
 
 
@@ -78,9 +140,9 @@ def check_fits(manifest: Manifest, cluster: dict[str, float], nodes: list[dict[s
                     f"actor's {target.num_cpus:g} CPUs beside one; no set of nodes has that"
                 )
             else:
-                msg = f"target {target.name!r} needs {need(target)} on one node; no node has that"
+                msg = f"target {target.name!r} needs {footprint(target)} on one node; no node has that"
             raise RuntimeError(msg)
-    want = footprint(manifest, cluster)
+    want = reservation(manifest, cluster)
     if not fits(want, cluster):
         short = {k: v for k, v in want.items() if cluster.get(k, 0.0) < v}
         have = {k: cluster.get(k, 0.0) for k in short}

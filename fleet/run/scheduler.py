@@ -5,7 +5,7 @@ Per model there is one actor per target (an `ActorSlot`, fleet/run/slots.py), fe
 generates its shards; each candidate shard is then scored by the reference actor (teacher
 forcing) and written with the reference's columns joined on.
 
-Models run concurrently: a model is admitted when the cluster has room for its footprint (all
+Models run concurrently: a model is admitted when the cluster has room for its reservation (all
 its targets at once if the cluster could ever hold them, else the reference plus the largest
 candidate, with candidates taking turns). The reference stays up until every candidate shard is
 scored; a candidate's actor is released as soon as its shards are generated.
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet.results.store import now
-from fleet.run.placement import fits, footprint
+from fleet.run.placement import fits, reservation
 from fleet.run.slots import ModelRun
 from fleet.run.work import Generate
 
@@ -97,8 +97,7 @@ class Loop:
     ) -> None:
         self.manifest, self.store, self.bar, self.outcome = manifest, store, bar, Outcome()
         self.gates_of, self.gate_verdicts = gates_of, dict[tuple[str, str], str | None]()
-        reservation = footprint(manifest, cluster)
-        self.reservation = reservation
+        self.reservation = reservation(manifest, cluster)
         self.free = dict(cluster)
         self.waiting = deque(
             ModelRun(
@@ -107,7 +106,7 @@ class Loop:
                 [p for p in perf if p.model == m.name],
                 [p for p in probes if p.model == m.name],
                 manifest,
-                reservation=reservation,
+                reservation=self.reservation,
                 not_passed=functools.partial(self._not_passed, m.name),
             )
             for m in manifest.models

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fleet.run.placement import add, fits, need
+from fleet.run.placement import add, fits, footprint, reserve
 from fleet.run.work import Describe, Generate, Perf, Probe, Score, Smoke, Work
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ class ActorSlot:
         from fleet.contracts.targets import TARGET_ACTOR, engine_side
 
         self.pg, options = reserve(self.target)
+        options["runtime_env"] = {"env_vars": BASE_ENV | self.target.actor_env()}
         self.handle = (
             ray.remote(engine_side(TARGET_ACTOR))
             .options(**options)
@@ -85,28 +86,6 @@ class ActorSlot:
             remove_placement_group(self.pg)
         self.handle = self.pg = self.current = None
         self.alive = False
-
-
-def reserve(target: TargetArgs) -> tuple[Any, dict[str, Any]]:
-    """The placement group (None for one card) and Ray options of one actor of `target`.
-
-    Reserved atomically for this engine. On one node: one bundle with all its cards
-    (STRICT_PACK). Over nodes: one bundle per card, packed onto as few nodes as hold them, the
-    actor in the first; vLLM's Ray executor finds this group from inside the actor
-    (ray.util.get_current_placement_group) and puts one worker in each card's bundle.
-    """
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    options: dict[str, Any] = target.ray_resources()
-    options["runtime_env"] = {"env_vars": BASE_ENV | target.actor_env()}
-    if target.cards == 1:
-        return None, options
-    pg = placement_group(target.bundles(), strategy="PACK" if target.spans_nodes else "STRICT_PACK")
-    options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-        pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=target.spans_nodes
-    )
-    return pg, options
 
 
 class ModelRun:
@@ -161,7 +140,7 @@ class ModelRun:
 
     def _start_candidates(self) -> None:
         while self.waiting:
-            held = add(*(need(self.slots[n].target) for n in self.running))
+            held = add(*(footprint(self.slots[n].target) for n in self.running))
             nxt = self.slots[self.waiting[0]].target
             if nxt.after is not None:
                 if nxt.after in self.running or self._unsettled(nxt.after):
@@ -170,7 +149,7 @@ class ModelRun:
                 if why is not None:
                     self.skipped[self.waiting.popleft()] = f"not run: {nxt.after} did not pass ({why})"
                     continue
-            if self.running and not fits(add(held, need(nxt)), self.reservation):
+            if self.running and not fits(add(held, footprint(nxt)), self.reservation):
                 return
             self._launch(self.waiting.popleft())
 
