@@ -8,6 +8,7 @@ What only the engine's tokenizer knows (a prompt's length in tokens) fails in th
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,9 +17,8 @@ from fleet.contracts.inputs import cut
 from fleet.contracts.sources import PathSource, SyntheticSource
 
 if TYPE_CHECKING:
-    from fleet.contracts.spec import ModelSpec
+    from fleet.contracts.spec import ModelSpec, Scenario
     from fleet.contracts.targets import TargetArgs
-    from fleet.run.manifest import Manifest
 
 
 def context_length(model: ModelSpec, target: TargetArgs) -> int | None:
@@ -42,20 +42,27 @@ def _config_context(model_dir: Path) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def check_context(manifest: Manifest, path: str | Path) -> None:
+def check_context(
+    models: Sequence[ModelSpec],
+    targets: Sequence[TargetArgs],
+    max_tokens: int,
+    perf: Sequence[Scenario],
+    path: str | Path,
+) -> None:
     """Requests that cannot fit a known context fail here, not as an engine error after start:
-    max_tokens plus at least one prompt token for parity, input + output tokens for perf."""
-    for model in manifest.models:
-        for target in manifest.targets:
+    `max_tokens` (sampling's) plus at least one prompt token for parity, input + output tokens for
+    perf. Takes the manifest's parts, not the Manifest: manifest.py calls this while loading."""
+    for model in models:
+        for target in targets:
             length = context_length(model, target)
             if length is None:
                 continue
             where = f"{cut(str(path), 200)}: model {model.name!r} on target {target.name!r}"
-            if target.parity and manifest.sampling.max_tokens + 1 > length:
-                msg = f"{where}: sampling.max_tokens {manifest.sampling.max_tokens} plus the prompt "
+            if target.parity and max_tokens + 1 > length:
+                msg = f"{where}: sampling.max_tokens {max_tokens} plus the prompt "
                 msg += f"exceeds its context of {length} tokens"
                 raise ManifestError(msg)
-            for scenario in manifest.perf:
+            for scenario in perf:
                 if scenario.input_tokens is None or (scenario.targets and target.name not in scenario.targets):
                     continue
                 if target.can("perf") and scenario.input_tokens + scenario.output_tokens > length:

@@ -241,7 +241,7 @@ def load(path: str | Path, *, overrides: Sequence[str] = ()) -> Manifest:
     except ValidationError as e:
         raise ManifestError(format_error(path, raw, e)) from None
     manifest = _full_vocab_for_probes(_resolve_paths(manifest, base_dir, path))
-    check_context(manifest, path)
+    check_context(manifest.models, manifest.targets, manifest.sampling.max_tokens, manifest.perf, path)
     return manifest
 
 
