@@ -13,6 +13,9 @@ scored; a candidate's actor is released as soon as its shards are generated.
 Faults: a call that fails or outlives its timeout gets its actor replaced (engine processes go
 with it) and the shard retried, up to `run.max_attempts`; then the shard is recorded as failed
 and the run goes on. A target whose actor cannot start fails as a whole.
+
+A `Work` item says what should follow its result or its abandonment (`Effects`); the loop here is
+the one place that applies it: rows stored, work queued, failures and progress recorded.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,20 +32,16 @@ from fleet.results.store import now
 from fleet.run.placement import fits, reservation
 from fleet.run.slots import ModelRun
 from fleet.run.work import Generate
+from fleet.run.writer import ShardWriter
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from fleet.contracts.engine import Generation
     from fleet.contracts.spec import Shard
     from fleet.results.store import RunStore
     from fleet.run.manifest import Manifest
     from fleet.run.plan import PerfRun, ProbeRun
     from fleet.run.progress import Progress
-    from fleet.run.work import Work
+    from fleet.run.work import Effects, Work
 
-# Shards handed to the writer threads and not yet on disk: their rows are held in the driver.
-MAX_PENDING_WRITES = 16
 # (model, target) -> why its gates did not pass on the rows written so far (None: they passed, or it
 # has none). The driver cannot evaluate gates itself (fleet.analysis is beside it, not below):
 # `fleet run` passes fleet.report's.
@@ -82,7 +80,8 @@ def execute(
 
 
 class Loop:
-    """The dispatch loop: admits models, feeds their slots, and hands each result to its `Work`."""
+    """The dispatch loop: admits models, feeds their slots, and applies what each `Work` says
+    should follow its result or its abandonment."""
 
     def __init__(
         self,
@@ -116,8 +115,7 @@ class Loop:
         )
         self.active: list[ModelRun] = []
         self.calls: dict[Any, tuple[ModelRun, str]] = {}
-        self.writer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fleet-write")
-        self.writes: list[Future[None]] = []
+        self.writer = ShardWriter(store, bar)
 
     def run(self) -> Outcome:
         import ray
@@ -144,9 +142,8 @@ class Loop:
             for run in self.active:
                 for slot in run.slots.values():
                     slot.stop()
-            self.writer.shutdown(wait=True)
-        for done in self.writes:
-            done.result()  # a failed write (disk full, bucket gone) fails the run, not silently
+            self.writer.stop()
+        self.writer.wait()
         return self.outcome
 
     def _submit(self) -> None:
@@ -189,26 +186,25 @@ class Loop:
         if self.gates_of is None:
             return None
         if (model, target) not in self.gate_verdicts:
-            for done in self.writes:  # its rows on disk before its gates read them
-                done.result()
-            self.writes = []
+            self.writer.wait()  # its rows on disk before its gates read them
             self.gate_verdicts[model, target] = self.gates_of(model, target)
         return self.gate_verdicts[model, target]
 
-    def _skip(self, run: ModelRun, name: str, reason: str) -> None:
-        """A target whose `after:` did not pass: recorded as failing, its work as not done."""
-        slot = run.slots[name]
-        self.outcome.failures.setdefault(f"{run.model.name}/{name}", reason)
-        self.bar.write(f"SKIPPED {run.model.name}/{name}: {reason}")
-        for w in [*slot.queue, *slot.perf_todo]:
-            w.on_abandon(self, run, name, reason)
+    def _give_up(self, run: ModelRun, name: str, reason: str, *, failed: bool, work: Sequence[Work] = ()) -> None:
+        """Target `name` runs no more: it failed, or `after:` skipped it. It is recorded as failing,
+        and `work` with everything it had queued as not done."""
+        slot, key = run.slots[name], f"{run.model.name}/{name}"
+        self.outcome.failures.setdefault(key, reason)
+        self.bar.write(f"{'FAILED' if failed else 'SKIPPED'} {key}: {reason}")
+        for w in [*work, *slot.queue, *slot.perf_todo]:
+            self._abandon(run, name, w, f"target failed: {reason}" if failed else reason)
         slot.queue.clear()
         slot.perf_todo.clear()
 
     def _retire(self) -> None:
         for run in self.active:
             for name, reason in run.take_skipped():
-                self._skip(run, name, reason)
+                self._give_up(run, name, reason, failed=False)
         for run in [r for r in self.active if r.done]:
             self.active.remove(run)
             self.free = {k: v + run.reservation.get(k, 0.0) for k, v in self.free.items()}
@@ -239,7 +235,9 @@ class Loop:
         except Exception as e:  # noqa: BLE001  (any actor, engine or task error: retry or record)
             self._failed(run, name, work, _reason(e))
         else:
-            work.on_result(self, run, name, result)
+            # Describe answered: the engine is up (a later failure is then a call's, not the target's).
+            slot.alive = slot.alive or work.starts_actor
+            self._apply(run, name, work, work.on_result(slot, result))
             self._maybe_release(run, name)
         # A scored shard or a reference shard may be what an `after:` target waited for.
         run.start_waiting()
@@ -266,12 +264,7 @@ class Loop:
         if work.starts_actor or not slot.alive:
             # The actor could not start (the model does not load, no such device...): the whole
             # target fails; its candidates' rows are written unscored if it was the reference.
-            self.outcome.failures.setdefault(key, reason)
-            self.bar.write(f"FAILED {key}: {reason}")
-            for w in [work, *slot.queue, *slot.perf_todo]:
-                w.on_abandon(self, run, name, f"target failed: {reason}")
-            slot.queue.clear()
-            slot.perf_todo.clear()
+            self._give_up(run, name, reason, failed=True, work=[work])
             run.release(name)
             for n in list(run.running):
                 self._maybe_release(run, n)
@@ -282,7 +275,7 @@ class Loop:
             self.bar.write(f"retry {work.attempt + 1}/{self.manifest.run.max_attempts} {key} {work.label}: {reason}")
             slot.queue.appendleft(work.retried())
         else:
-            work.on_abandon(self, run, name, reason)
+            self._abandon(run, name, work, reason)
         # A fresh actor also for perf levels still to run, and for a reference still to score with.
         if run.needs(name):
             slot.launch()
@@ -290,28 +283,29 @@ class Loop:
             run.release(name)
         self._maybe_release(run, name)
 
-    def write_shard(self, gen: Generation, tokens: pa.Table) -> None:
-        """Write a shard's tables on a writer thread, so dispatch goes on while Parquet is encoded
-        and synced (pyarrow and fsync release the GIL); the run ends only when all are written."""
-        shard_id = gen.shard.column("shard_id")[0].as_py()
+    def _abandon(self, run: ModelRun, name: str, work: Work, reason: str) -> None:
+        self._apply(run, name, work, work.on_abandon(run.slots[name], reason))
 
-        def write() -> None:
-            # The shards row goes last: its presence marks the shard complete (resume relies on that).
-            self.store.write("requests", shard_id, gen.requests)
-            self.store.write("tokens", shard_id, tokens)
-            self.store.write("shards", shard_id, gen.shard)
-            self.bar.update(1, model=gen.shard.column("model")[0].as_py(), tokens=tokens.num_rows)
-
-        # Finished writes are checked and let go: a million-prompt run must not keep every future.
-        pending = []
-        for done in self.writes:
-            if done.done():
-                done.result()
-            else:
-                pending.append(done)
-        while len(pending) >= MAX_PENDING_WRITES:  # the disk is behind: dispatch waits for it
-            pending.pop(0).result()
-        self.writes = [*pending, self.writer.submit(write)]
+    def _apply(self, run: ModelRun, name: str, work: Work, effects: Effects) -> None:
+        """Carry out what should follow `work` on target `name`, which has ended (its result is
+        in, or it was given up): the one place work changes the run."""
+        key, slot = f"{run.model.name}/{name}", run.slots[name]
+        run.ended(work)
+        if effects.provenance is not None:
+            self.outcome.provenance[key] = effects.provenance
+        slot.smoked = slot.smoked or effects.smoked
+        if effects.target_failed is not None:
+            self.outcome.failures.setdefault(key, effects.target_failed)
+        if effects.failed_shard is not None:
+            self.outcome.failed_shards.setdefault(*effects.failed_shard)
+        for write in effects.writes:
+            self.store.write(write.table, write.key, write.rows)
+        if effects.score is not None and not run.to_score(effects.score):
+            self.writer.write(effects.score.unscored)  # no reference (left) to score with: the rows stand
+        if effects.shard is not None:
+            self.writer.write(effects.shard)
+        if effects.progress:
+            self.bar.update(effects.progress, model=run.model.name)
 
 
 def _reason(error: Exception) -> str:

@@ -124,6 +124,23 @@ class ModelRun:
         self.unscored = 0  # candidate shards generated and not yet scored: held in the driver
         self._handed: set[str] = set()
 
+    def to_score(self, score: Score) -> bool:
+        """Queue a candidate's rows for the reference to score; False when it is gone (failed)."""
+        ref = self.slots[self.ref]
+        if ref.handle is None:
+            return False
+        # Scored before the reference's own next shard: a candidate's rows wait in the driver
+        # only until the reference is free, so memory does not grow with the prompt count.
+        ahead = (i for i, w in enumerate(ref.queue) if not isinstance(w, Describe | Smoke | Score))
+        ref.queue.insert(next(ahead, len(ref.queue)), score)
+        self.unscored += 1
+        return True
+
+    def ended(self, work: Work) -> None:
+        """`work` is done or given up: a Score's rows are no longer held for the reference."""
+        if isinstance(work, Score):
+            self.unscored -= 1
+
     @property
     def scoring_backlog(self) -> bool:
         """Enough candidate rows wait for the reference: candidates generate no more until it catches up."""

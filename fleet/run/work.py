@@ -1,17 +1,18 @@
 """What an actor slot is fed: one class per kind of work (describe, smoke, generate, score,
-probe, perf level), each saying which call it makes to the target's actor, what becomes of the
-result, and what is recorded when it is given up.
+probe, perf level), each saying which call it makes to the target's actor and what should follow
+its result, or its being given up, as `Effects`.
 
-The dispatch loop (fleet/run/scheduler.py) knows only the `Work` interface: it sends, waits,
-retries a failed call up to `run.max_attempts` and then abandons it; a new kind of work is a new
-class here, not a new branch there.
+Work only says what should happen; the dispatch loop (fleet/run/scheduler.py) applies it, and
+decides everything that depends on the run's state. The loop knows only the `Work` interface: it
+sends, waits, retries a failed call up to `run.max_attempts` and then abandons it; a new kind of
+work is a new class here, not a new branch there.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from fleet.contracts import schema
 from fleet.run.manifest import probe_capability
@@ -20,10 +21,56 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from fleet.contracts.engine import Generation, PerfResult
-    from fleet.contracts.spec import Shard
+    from fleet.contracts.spec import ModelSpec, Shard
+    from fleet.contracts.targets import TargetArgs
+    from fleet.run.manifest import Manifest
     from fleet.run.plan import PerfRun, ProbeRun
-    from fleet.run.scheduler import Loop
-    from fleet.run.slots import ActorSlot, ModelRun
+
+
+class SlotView(Protocol):
+    """What work reads of the slot it runs in (`ActorSlot`, fleet/run/slots.py); it changes nothing."""
+
+    @property
+    def handle(self) -> Any: ...
+    @property
+    def manifest(self) -> Manifest: ...
+    @property
+    def model(self) -> ModelSpec: ...
+    @property
+    def target(self) -> TargetArgs: ...
+
+
+@dataclass(frozen=True)
+class Write:
+    """Rows of one table, stored under `key`."""
+
+    table: str
+    key: str
+    rows: pa.Table
+
+
+@dataclass(frozen=True)
+class ShardRows:
+    """A shard's tables: requests and the shards row from `gen`, and its token rows (the
+    candidate's own, or joined with the reference's scores)."""
+
+    gen: Generation
+    tokens: pa.Table
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What should follow one call's result, or its being given up. Empty: nothing."""
+
+    provenance: dict[str, str] | None = None  # what the target's engine runs
+    smoked: bool = False  # the target's smoke checks ran: a later actor of it does not repeat them
+    writes: tuple[Write, ...] = ()  # stored at once, in this order
+    shard: ShardRows | None = None  # stored on a writer thread; counts as progress once written
+    # Follow-up work for the reference; with no reference (left) the rows are written unscored.
+    score: Score | None = None
+    target_failed: str | None = None  # why the whole target fails (the first reason recorded stands)
+    failed_shard: tuple[str, str] | None = None  # (its id in run.json's failed_shards, why)
+    progress: int = 0  # planned shards or perf levels ended with no shard rows to write
 
 
 @dataclass(frozen=True)
@@ -45,16 +92,21 @@ class Work(ABC):
         return replace(self, attempt=self.attempt + 1)
 
     @abstractmethod
-    def submit(self, slot: ActorSlot) -> tuple[Any, float]:
+    def submit(self, slot: SlotView) -> tuple[Any, float]:
         """Send the call to the slot's actor: its object ref and the seconds it may take."""
 
     @abstractmethod
-    def on_result(self, loop: Loop, run: ModelRun, name: str, result: Any) -> None:
-        """Record what target `name`'s call returned, or pass it on as more work."""
+    def on_result(self, slot: SlotView, result: Any) -> Effects:
+        """What should follow the call's result: rows to store, work for the reference, failures."""
 
     @abstractmethod
-    def on_abandon(self, loop: Loop, run: ModelRun, name: str, reason: str) -> None:
-        """Record that it will not be done: its last attempt failed, or its target did."""
+    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
+        """What should follow its not being done: its last attempt failed, or its target did."""
+
+
+def _where(slot: SlotView) -> str:
+    """The model/target prefix of the slot's result keys."""
+    return f"{slot.model.name}/{slot.target.name}"
 
 
 @dataclass(frozen=True)
@@ -63,32 +115,34 @@ class Describe(Work):
 
     starts_actor: ClassVar[bool] = True
 
-    def submit(self, slot: ActorSlot) -> tuple[Any, float]:
+    def submit(self, slot: SlotView) -> tuple[Any, float]:
         return slot.handle.describe.remote(), slot.manifest.run.start_timeout_s
 
-    def on_result(self, loop: Loop, run: ModelRun, name: str, result: dict[str, str]) -> None:
-        run.slots[name].alive = True
-        loop.outcome.provenance[f"{run.model.name}/{name}"] = result
+    def on_result(self, slot: SlotView, result: dict[str, str]) -> Effects:
+        return Effects(provenance=result)
 
-    def on_abandon(self, loop: Loop, run: ModelRun, name: str, reason: str) -> None:
+    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
         """Nothing of its own: the loop records the target's failure."""
+        return Effects()
 
 
 @dataclass(frozen=True)
 class Smoke(Work):
     """Checks of a server's API routes, once per target, on its first actor."""
 
-    def submit(self, slot: ActorSlot) -> tuple[Any, float]:
+    def submit(self, slot: SlotView) -> tuple[Any, float]:
         return slot.handle.smoke.remote(), slot.manifest.run.shard_timeout_s
 
-    def on_result(self, loop: Loop, run: ModelRun, name: str, result: pa.Table) -> None:
-        run.slots[name].smoked = True
-        loop.store.write("smoke", f"{run.model.name}/{name}/smoke/00000", result)
-        if failed := [row["check"] for row in result.to_pylist() if not row["passed"]]:
-            loop.outcome.failures.setdefault(f"{run.model.name}/{name}", f"smoke checks failed: {', '.join(failed)}")
+    def on_result(self, slot: SlotView, result: pa.Table) -> Effects:
+        failed = [row["check"] for row in result.to_pylist() if not row["passed"]]
+        return Effects(
+            smoked=True,
+            writes=(Write("smoke", f"{_where(slot)}/smoke/00000", result),),
+            target_failed=f"smoke checks failed: {', '.join(failed)}" if failed else None,
+        )
 
-    def on_abandon(self, loop: Loop, run: ModelRun, name: str, reason: str) -> None:
-        loop.outcome.failures.setdefault(f"{run.model.name}/{name}", f"smoke checks: {reason}")
+    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
+        return Effects(target_failed=f"smoke checks: {reason}")
 
 
 @dataclass(frozen=True)
@@ -97,27 +151,17 @@ class Generate(Work):
 
     shard: Shard
 
-    def submit(self, slot: ActorSlot) -> tuple[Any, float]:
+    def submit(self, slot: SlotView) -> tuple[Any, float]:
         return slot.handle.generate.remote(self.shard), slot.manifest.run.shard_timeout_s
 
-    def on_result(self, loop: Loop, run: ModelRun, name: str, result: Generation) -> None:
-        if _non_finite(result.tokens):
-            loop.outcome.failures.setdefault(
-                f"{run.model.name}/{name}", f"non-finite logprobs in shard {self.shard.shard_id}"
-            )
-        ref_slot = run.slots[run.ref]
-        if name == run.ref or ref_slot.handle is None:  # no reference (left) to score with
-            loop.write_shard(result, result.tokens)
-        else:
-            # Scored before the reference's own next shard: a candidate's rows wait in the driver
-            # only until the reference is free, so memory does not grow with the prompt count.
-            ahead = (i for i, w in enumerate(ref_slot.queue) if not isinstance(w, Describe | Smoke | Score))
-            ref_slot.queue.insert(next(ahead, len(ref_slot.queue)), Score(self.shard, result))
-            run.unscored += 1
+    def on_result(self, slot: SlotView, result: Generation) -> Effects:
+        failed = f"non-finite logprobs in shard {self.shard.shard_id}" if _non_finite(result.tokens) else None
+        if slot.target.name == slot.manifest.reference:
+            return Effects(shard=ShardRows(result, result.tokens), target_failed=failed)
+        return Effects(score=Score(self.shard, result), target_failed=failed)
 
-    def on_abandon(self, loop: Loop, run: ModelRun, name: str, reason: str) -> None:
-        loop.outcome.failed_shards[self.shard.shard_id] = reason
-        loop.bar.update(1, model=run.model.name)
+    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
+        return Effects(failed_shard=(self.shard.shard_id, reason), progress=1)
 
 
 @dataclass(frozen=True)
@@ -127,22 +171,24 @@ class Score(Work):
     shard: Shard
     gen: Generation  # the candidate's rows
 
-    def submit(self, slot: ActorSlot) -> tuple[Any, float]:
+    def submit(self, slot: SlotView) -> tuple[Any, float]:
         m = slot.manifest
         # The precision twin scores at the candidate's dtype (a model's own dtype beats the target's).
         dtype = next(x.dtype for x in m.models if x.name == self.shard.model) or m.target(self.shard.target).dtype
         call = slot.handle.score.remote(self.gen.requests, k=m.sampling.logprobs, twin=dtype if m.parity.twin else None)
         return call, m.run.shard_timeout_s
 
-    def on_result(self, loop: Loop, run: ModelRun, name: str, result: pa.Table) -> None:
-        run.unscored -= 1
-        loop.write_shard(self.gen, _join_scores(self.gen.tokens, result))
+    def on_result(self, slot: SlotView, result: pa.Table) -> Effects:
+        return Effects(shard=ShardRows(self.gen, _join_scores(self.gen.tokens, result)))
 
-    def on_abandon(self, loop: Loop, run: ModelRun, name: str, reason: str) -> None:
-        run.unscored -= 1
+    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
         # The candidate's own rows stand; record that they lack the reference's columns.
-        loop.outcome.failed_shards.setdefault(self.shard.shard_id, f"unscored: {reason}")
-        loop.write_shard(self.gen, self.gen.tokens)
+        return Effects(shard=self.unscored, failed_shard=(self.shard.shard_id, f"unscored: {reason}"))
+
+    @property
+    def unscored(self) -> ShardRows:
+        """The candidate's own rows, without the reference's columns."""
+        return ShardRows(self.gen, self.gen.tokens)
 
 
 @dataclass(frozen=True)
@@ -155,7 +201,7 @@ class Probe(Work):
     def label(self) -> str:
         return self.probe.kind
 
-    def submit(self, slot: ActorSlot) -> tuple[Any, float]:
+    def submit(self, slot: SlotView) -> tuple[Any, float]:
         spec = getattr(slot.manifest.probes, self.probe.kind)
         # A capability's actor method is named after it: probe_logits, probe_layers.
         method = getattr(slot.handle, probe_capability(self.probe.kind))
@@ -164,12 +210,12 @@ class Probe(Work):
         )
         return call, slot.manifest.run.shard_timeout_s
 
-    def on_result(self, loop: Loop, run: ModelRun, name: str, result: pa.Table) -> None:
-        prompt_set = getattr(loop.manifest.probes, self.probe.kind).prompt_set
-        loop.store.write(self.probe.kind, f"{run.model.name}/{name}/{prompt_set}/probe", result)
+    def on_result(self, slot: SlotView, result: pa.Table) -> Effects:
+        prompt_set = getattr(slot.manifest.probes, self.probe.kind).prompt_set
+        return Effects(writes=(Write(self.probe.kind, f"{_where(slot)}/{prompt_set}/probe", result),))
 
-    def on_abandon(self, loop: Loop, run: ModelRun, name: str, reason: str) -> None:
-        loop.outcome.failed_shards[self.probe.run_id] = reason
+    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
+        return Effects(failed_shard=(self.probe.run_id, reason))
 
 
 @dataclass(frozen=True)
@@ -179,19 +225,20 @@ class Perf(Work):
     level: PerfRun
     alone_on_cpu: ClassVar[bool] = True
 
-    def submit(self, slot: ActorSlot) -> tuple[Any, float]:
+    def submit(self, slot: SlotView) -> tuple[Any, float]:
         scenario = self.level.scenario
         prompts = slot.manifest.prompt_list(scenario.prompt_set) if scenario.prompt_set else None
         return slot.handle.perf.remote(scenario, self.level.level, prompts), slot.manifest.run.shard_timeout_s
 
-    def on_result(self, loop: Loop, run: ModelRun, name: str, result: PerfResult) -> None:
-        loop.store.write("perf_requests", self.level.run_id, result.requests)
-        loop.store.write("perf_levels", self.level.run_id, result.level)
-        loop.bar.update(1, model=run.model.name)
+    def on_result(self, slot: SlotView, result: PerfResult) -> Effects:
+        run_id = self.level.run_id
+        return Effects(
+            writes=(Write("perf_requests", run_id, result.requests), Write("perf_levels", run_id, result.level)),
+            progress=1,
+        )
 
-    def on_abandon(self, loop: Loop, run: ModelRun, name: str, reason: str) -> None:
-        loop.outcome.failed_shards[self.level.run_id] = reason
-        loop.bar.update(1, model=run.model.name)
+    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
+        return Effects(failed_shard=(self.level.run_id, reason), progress=1)
 
 
 def _non_finite(tokens: pa.Table) -> bool:

@@ -1,0 +1,57 @@
+"""Writing shards on threads beside the dispatch loop: pyarrow and fsync release the GIL, so
+dispatch goes on while Parquet is encoded and synced. A run ends only when every write has."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleet.results.store import RunStore
+    from fleet.run.progress import Progress
+    from fleet.run.work import ShardRows
+
+# Shards handed to the writer threads and not yet on disk: their rows are held in the driver.
+MAX_PENDING_WRITES = 16
+
+
+class ShardWriter:
+    """Writes each shard's tables on a pool of threads, holding at most MAX_PENDING_WRITES."""
+
+    def __init__(self, store: RunStore, bar: Progress) -> None:
+        self.store, self.bar = store, bar
+        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fleet-write")
+        self.pending: list[Future[None]] = []
+
+    def write(self, shard: ShardRows) -> None:
+        gen, tokens = shard.gen, shard.tokens
+        shard_id = gen.shard.column("shard_id")[0].as_py()
+
+        def write() -> None:
+            # The shards row goes last: its presence marks the shard complete (resume relies on that).
+            self.store.write("requests", shard_id, gen.requests)
+            self.store.write("tokens", shard_id, tokens)
+            self.store.write("shards", shard_id, gen.shard)
+            self.bar.update(1, model=gen.shard.column("model")[0].as_py(), tokens=tokens.num_rows)
+
+        # Finished writes are checked and let go: a million-prompt run must not keep every future.
+        pending = []
+        for done in self.pending:
+            if done.done():
+                done.result()
+            else:
+                pending.append(done)
+        while len(pending) >= MAX_PENDING_WRITES:  # the disk is behind: dispatch waits for it
+            pending.pop(0).result()
+        self.pending = [*pending, self.pool.submit(write)]
+
+    def wait(self) -> None:
+        """Every shard handed over so far is on disk; a failed write (disk full, bucket gone)
+        raises here, failing the run rather than passing silently."""
+        for done in self.pending:
+            done.result()
+        self.pending = []
+
+    def stop(self) -> None:
+        """Let the writes in flight finish and the threads go."""
+        self.pool.shutdown(wait=True)
