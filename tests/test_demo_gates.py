@@ -58,6 +58,9 @@ def test_the_demo_gates_pass_healthy_copies_and_catch_the_mutants(local_ray: obj
     [refused] = table.filter(pl.col("mutation") == "activation swapped").to_dicts()
     assert refused["caught"] is None and refused["failed_gates"].startswith("did not start"), refused
     assert any(line.startswith("goal holds") for line in lines), lines
+    # Per gate, what it catches on its own: the excess gate is the one that sees the small mutations.
+    [excess] = [line for line in lines if line.startswith("gate tf_excess_ci_low <= 1: ")]
+    assert "weight noise" in excess and "rope base" in excess, excess
     assert not any("cannot tell" in line for line in lines)  # init_std 0.1: peaked outputs
 
 

@@ -143,7 +143,8 @@ def calibrate(
     mutant_dir = mutants_dir
     gates = _gates(raw, meta)
     table = pl.concat([_rows(healthy_dir, gates, None), _rows(mutant_dir, gates, meta)], how="diagonal_relaxed")
-    return table, summary(table, reference_top1_p(RunReport.build(healthy_dir, gates=[])))
+    lines = summary(table, reference_top1_p(RunReport.build(healthy_dir, gates=[])), gates=[g.label for g in gates])
+    return table, lines
 
 
 def _config(info: dict[str, Any], model: str) -> dict[str, Any]:
@@ -209,8 +210,9 @@ def _index(info: dict[str, Any], target: str) -> int:
     return names.index(target)
 
 
-def summary(table: pl.DataFrame, p_top: float | None) -> list[str]:
-    """The power table's conclusions; `p_top` is the reference's mean first-token probability."""
+def summary(table: pl.DataFrame, p_top: float | None, gates: Sequence[str] = ()) -> list[str]:
+    """The power table's conclusions; `p_top` is the reference's mean first-token probability,
+    `gates` the labels of the gates measured (each gets a line: what it catches on its own)."""
     lines = []
     mutants, sound = table.filter(pl.col("family").is_not_null()), table.filter(pl.col("family").is_null())
     alarms = sound.filter(pl.col("caught"))
@@ -224,6 +226,14 @@ def summary(table: pl.DataFrame, p_top: float | None) -> list[str]:
             f"{cand}, {family}: {caught.height}/{ran.height} caught; {smallest}"
             + (f" ({refused} refused by vLLM at start, not counted)" if refused else "")
         )
+    ran = mutants.filter(pl.col("caught").is_not_null())
+    for gate in gates:
+        mine = ran.filter(pl.col("failed_gates").str.split(", ").list.contains(gate))
+        smallest = [
+            g.sort("size")["mutation"][0] for _, g in mine.group_by("family", maintain_order=True)
+        ]  # per family, the smallest change this gate failed on
+        what = f"smallest per family: {', '.join(smallest)}" if smallest else "catches none of them"
+        lines.append(f"gate {gate}: fails on {mine.height}/{ran.height} mutants (all candidates); {what}")
     # float32: the noise is 10x the twin's (parity.allowance), so an excess above 1 is 10x float32's noise.
     must = (pl.col("dtype") == "float32") & (pl.col("tf_excess") > 1)
     must |= (pl.col("dtype") != "float32") & (pl.col("tf_excess_ci_low") > 1)
