@@ -7,7 +7,7 @@
     fleet query RUN_DIR|RESULTS_ROOT "SQL" [--format table|csv|json] | --tables
 
     fleet run --check MANIFEST | --check --resume RUN_DIR   everything before Ray starts, nothing written
-    fleet calibrate MANIFEST [--repeats N] [--set KEY=VALUE ...] [--healthy RUN_DIR]   mutants: the power table
+    fleet calibrate MANIFEST [--repeats N] [--mutation LABEL ...] [--healthy DIR]   mutants: the power table
 
 Exit codes: 0 done (and every gate passed); 2 bad input (one message of at most 3 lines, no
 traceback, nothing written); 3 the run finished but some model/target/shard failed (and no gate
@@ -96,6 +96,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         run_id=run_id,
         repeats=args.repeats,
         overrides=args.overrides,
+        mutations=args.mutations,
         healthy_dir=args.healthy,
         mutants_dir=args.mutants,
     )

@@ -88,6 +88,14 @@ def parser() -> argparse.ArgumentParser:
         help="healthy copies of each candidate (default 3)",
     )
     cal.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE", help="as in run")
+    cal.add_argument(
+        "--mutation",
+        action="append",
+        default=[],
+        dest="mutations",
+        metavar="LABEL",
+        help="run only this mutant, e.g. 'rope base x0.8' or rope-base-x0.8; repeatable (default: all)",
+    )
     cal.add_argument("--healthy", metavar="RUN_DIR", help="reuse this finished healthy run instead of running it")
     cal.add_argument("--mutants", metavar="RUN_DIR", help="reuse this finished mutants run instead of running it")
 

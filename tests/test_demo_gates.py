@@ -42,7 +42,12 @@ def test_the_demo_gates_pass_healthy_copies_and_catch_the_mutants(local_ray: obj
     numeric = [g for g in demo["gates"] if g["metric"] != "task_accuracy_delta"]
     path = tmp_path / "m.yaml"
     path.write_text(MANIFEST + yaml.safe_dump({"gates": numeric}))
-    table, lines = calibrate.calibrate(path, results_dir=tmp_path / "results", run_id="cal", repeats=1)
+    # One mutant per family (the demo's own calibration runs them all: README): the suite's time.
+    mutations = ["rms_norm_eps x100", "rope base x0.8", "logit scale x1.05", "weight noise 0.01", "activation swapped"]
+    table, lines = calibrate.calibrate(
+        path, results_dir=tmp_path / "results", run_id="cal", repeats=1, mutations=mutations
+    )
+    assert sorted(table.filter(pl.col("family").is_not_null())["mutation"]) == sorted(mutations)
     healthy = table.filter(pl.col("family").is_null())
     assert healthy.height == 1 and not healthy["caught"].any(), healthy
     caught = dict(table.filter(pl.col("family").is_not_null()).select("mutation", "caught").iter_rows())
@@ -61,6 +66,7 @@ def test_the_demo_gates_pass_healthy_copies_and_catch_the_mutants(local_ray: obj
     # Per gate, what it catches on its own: the excess gate is the one that sees the small mutations.
     [excess] = [line for line in lines if line.startswith("gate tf_excess_ci_low <= 1: ")]
     assert "weight noise" in excess and "rope base" in excess, excess
+    assert any(line.startswith("gate pearson_r >= 0.99: fails on") for line in lines), lines
     assert not any("cannot tell" in line for line in lines)  # init_std 0.1: peaked outputs
 
 
@@ -74,3 +80,14 @@ def test_a_nearly_flat_reference_is_said_to_test_nothing() -> None:
     lines = calibrate.summary(table, p_top=0.004)  # a synthetic llama at the default init
     assert any("cannot tell a broken port on this model" in line and "0.004" in line for line in lines)
     assert not any("cannot tell" in line for line in calibrate.summary(table, p_top=0.6))
+
+
+def test_an_unknown_mutation_is_one_clear_error_before_anything_runs(tmp_path: Path) -> None:
+    from fleet.contracts.errors import UserError
+    from fleet.report import calibrate
+
+    with pytest.raises(UserError, match=r"unknown mutation 'rope bse x0.8'; did you mean 'rope base x0.8'"):
+        calibrate.calibrate(
+            ROOT / "manifests" / "demo.yaml", results_dir=tmp_path, run_id="x", repeats=1, mutations=["rope bse x0.8"]
+        )
+    assert not any(tmp_path.iterdir())

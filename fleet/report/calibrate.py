@@ -26,6 +26,7 @@ import polars as pl
 
 from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import load_yaml, read_text
+from fleet.contracts.messages import unknown
 from fleet.report.model import RunReport, architecture
 from fleet.results import reader
 from fleet.run import driver
@@ -93,12 +94,15 @@ def calibrate(
     run_id: str,
     repeats: int,
     overrides: Sequence[str] = (),
+    mutations: Sequence[str] = (),
     healthy_dir: str | Path | None = None,
     mutants_dir: str | Path | None = None,
 ) -> tuple[pl.DataFrame, list[str]]:
     """Run both runs (each only when its finished run directory is not given: the table is then
     recomputed from stored rows, e.g. with changed gates); return the power table and its summary
-    lines (the goal, the flat-model warning)."""
+    lines (the goal, the flat-model warning). `mutations`: only these (labels, or their dashed form
+    as in target names); all when empty."""
+    chosen = _chosen(mutations)
     raw = load_yaml(read_text(manifest_path, what="manifest"), source=str(manifest_path))
     reference = raw.get("reference") if isinstance(raw, dict) else None
     targets = [t for t in raw.get("targets") or [] if isinstance(t, dict)] if isinstance(raw, dict) else []
@@ -122,10 +126,10 @@ def calibrate(
     config = _config(info, models[0])  # the mutants are built from the first model's config
     mutants, meta = [], {}
     for cand in candidates:
-        for family, mutations in MUTATIONS.items():
-            for label, size, make in mutations:
+        for family, family_mutations in MUTATIONS.items():
+            for label, size, make in family_mutations:
                 change = make(config)
-                if change is None:
+                if change is None or label not in chosen:
                     continue
                 name = f"{cand['name']}.mutant-{label.replace(' ', '-')}"
                 engine_args = dict(cand.get("engine_args") or {})
@@ -145,6 +149,15 @@ def calibrate(
     table = pl.concat([_rows(healthy_dir, gates, None), _rows(mutant_dir, gates, meta)], how="diagonal_relaxed")
     lines = summary(table, reference_top1_p(RunReport.build(healthy_dir, gates=[])), gates=[g.label for g in gates])
     return table, lines
+
+
+def _chosen(asked: Sequence[str]) -> set[str]:
+    labels = {label: label for family in MUTATIONS.values() for label, _, _ in family}
+    labels |= {label.replace(" ", "-"): label for label in list(labels)}
+    for name in asked:
+        if name not in labels:
+            raise UserError(unknown("mutation", name, [k for k in labels if " " in k]))
+    return {labels[name] for name in asked} if asked else set(labels.values())
 
 
 def _config(info: dict[str, Any], model: str) -> dict[str, Any]:
@@ -229,10 +242,8 @@ def summary(table: pl.DataFrame, p_top: float | None, gates: Sequence[str] = ())
     ran = mutants.filter(pl.col("caught").is_not_null())
     for gate in gates:
         mine = ran.filter(pl.col("failed_gates").str.split(", ").list.contains(gate))
-        smallest = [
-            g.sort("size")["mutation"][0] for _, g in mine.group_by("family", maintain_order=True)
-        ]  # per family, the smallest change this gate failed on
-        what = f"smallest per family: {', '.join(smallest)}" if smallest else "catches none of them"
+        firsts = [g.sort("size")["mutation"][0] for _, g in mine.group_by("family", maintain_order=True)]
+        what = f"smallest per family: {', '.join(firsts)}" if firsts else "catches none of them"
         lines.append(f"gate {gate}: fails on {mine.height}/{ran.height} mutants (all candidates); {what}")
     # float32: the noise is 10x the twin's (parity.allowance), so an excess above 1 is 10x float32's noise.
     must = (pl.col("dtype") == "float32") & (pl.col("tf_excess") > 1)
