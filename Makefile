@@ -50,3 +50,4 @@ clean:
 
 docs: setup
 	$(PY) -m fleet.contracts.schema
+	$(PY) -m fleet.run.reference docs/manifest.md
