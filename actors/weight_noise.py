@@ -5,6 +5,10 @@ mixed up) moves every logprob a little. To measure whether the gates see that, a
 `weight_noise: {seed, relative}` loads a copy of its model in which every floating-point tensor
 `w` becomes `w + relative * rms(w) * N(0, 1)`, the noise drawn per tensor from a generator
 seeded by the seed and the tensor's name: the same spec gives the same bytes on every node.
+The copy keeps each tensor's dtype, as a converted checkpoint would: in a bfloat16 checkpoint
+(8 significant bits, steps of ~0.4 % of a value) noise far below that step changes only the
+weights much smaller than the tensor's RMS, so the change actually made is smaller than
+`relative` says; the copy's digest and the measured logprobs are what count.
 
 The copy is made on disk, before the engine starts, rather than in the loaded model: engines
 repack weights at load (vLLM's CPU linear layers hand them to oneDNN and drop the original
