@@ -6,6 +6,7 @@ The browser tests skip when Debian's chromium is not installed (`apt-get install
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import struct
@@ -22,6 +23,7 @@ from fleet.analysis import gates
 from fleet.report import html as html_report
 from fleet.report import markdown, plots, svg
 from fleet.report.model import RunReport
+from fleet.report.sections import sections
 
 N_PLOTS = 8  # scatter, drift by position, divergence, TTFT CDF, E2E CDF, concurrency sweep, layer rel_l2 and cosine
 GATES = gates.parse(
@@ -65,7 +67,11 @@ def test_html_is_self_contained(full: RunReport) -> None:
 def test_html_content(run: Path) -> None:
     page = html_report.render_html(RunReport.build(run))  # gates from run.json, no probe tables
     assert "FAIL: 1 of 4 gate checks fail." in page
-    assert '<td class="fail">FAIL</td>' in page and page.count('<td class="pass">PASS</td>') == 3
+    checks = page[page.index('<h2 id="gates">') :]
+    assert '<td class="fail">FAIL</td>' in checks and checks.count('<td class="pass">PASS</td>') == 3
+    # The evidence is folded in the gates section, the verdict table holds no code.
+    verdict_table, evidence = checks.split('<details class="fold"><summary>Evidence')
+    assert "<code>" not in verdict_table and evidence.count("<code>") == 4
     assert '<h2 id="layers">Layer-wise probe' in page and "not measured on this run" in page
     assert "LlamaForCausalLM" in page and "<td>parameters</td><td>40</td>" in page and "10000.0" in page
     assert "Test CPU" in page and "0123456789abcdef" in page
@@ -73,9 +79,26 @@ def test_html_content(run: Path) -> None:
     failed = RunReport.build(
         write_run(run.parent / "failed", {"cand": SAME}, failures={"m/npu": "RuntimeError: no NPU"})
     )
-    assert '<div class="banner FAIL">FAILED m/npu: RuntimeError: no NPU</div>' in html_report.render_html(failed)
+    assert '<div class="banner FAIL notices"><ul><li>FAILED m/npu: RuntimeError: no NPU</li></ul>' in (
+        html_report.render_html(failed)
+    )
+    many = dataclasses.replace(failed, notices=[f"FAILED shard m/npu/s/{i:05d}" for i in range(5)])
+    shown, folded = html_report.render_html(many).split("<summary>2 more notices</summary>")
+    assert shown.count("<li>FAILED shard") == 3 and folded.count("<li>FAILED shard") == 2
     text = markdown.render_markdown(failed)
     assert "- FAILED m/npu: RuntimeError: no NPU" in text and mdcheck.tables(text)
+
+
+def test_summary_and_plots_first_then_folded_sections(run: Path) -> None:
+    """Summary, then plots, then every section in a <details>: parity open, gates open as one fails."""
+    page = html_report.render_html(RunReport.build(run))
+    assert page.index('<section id="summary">') < page.index('<h2 id="plots">') < page.index("<svg")
+    assert page.index("<h2>Details</h2>") > page.rindex("<svg")  # every plot before the details
+    opened = re.findall(r'<details class="section" open><summary><h2 id="(\w+)">', page)
+    assert opened == ["gates", "parity"]
+    assert page.count('<details class="section"') == len(sections(RunReport.build(run)))
+    passing = html_report.render_html(RunReport.build(run, gates=GATES[:1]))
+    assert re.findall(r'<details class="section" open><summary><h2 id="(\w+)">', passing) == ["parity"]
 
 
 def test_markdown_follows_the_seed_reports(run: Path) -> None:
@@ -174,6 +197,32 @@ def test_page_renders_in_chromium(full: RunReport, tmp_path: Path) -> None:
     header = shot.read_bytes()[:24]
     assert header[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", header[16:24]) == (1400, 3000)
     assert shot.stat().st_size > 50_000  # a blank page compresses to a few KB
+
+
+# Appended to a copy of the page (its CSP allows this one inline script): the summary table's box
+# and the viewport, written into the DOM that --dump-dom prints.
+PROBE = (
+    "<script>const box = document.querySelector('#summary table').getBoundingClientRect();"
+    "document.body.dataset.fold = [box.top, box.bottom, box.right, innerWidth, innerHeight].join(' ');</script>"
+)
+
+
+@needs_chromium
+def test_summary_is_above_the_fold(full: RunReport, tmp_path: Path) -> None:
+    """At 1280x800 the whole summary table is on the first screen, without scrolling either way."""
+    report = RunReport.build(full.run_dir, gates=GATES)  # five targets, a verdict on each candidate
+    page = tmp_path / "probe.html"
+    csp = html_report.CSP
+    page.write_text(html_report.render_html(report).replace(csp, f"{csp}; script-src 'unsafe-inline'").replace(
+        "</body>", f"{PROBE}</body>"), encoding="utf-8")  # fmt: skip
+    dom = _chromium(page, tmp_path / "profile", "--window-size=1280,800", "--dump-dom")
+    assert _console(dom.stderr) == []
+    probe = re.search(r'data-fold="([^"]+)"', dom.stdout)
+    assert probe, "the probe script did not run"
+    top, bottom, right, width, height = map(float, probe[1].split())
+    # The viewport is the window less what headless Chromium reserves for its frame (657 px high here).
+    assert width == 1280 and 0 < height <= 800
+    assert 0 < top < bottom <= height and right <= width, (top, bottom, right, width, height)
 
 
 @needs_chromium

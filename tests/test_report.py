@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from html import escape
+from html import escape, unescape
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,10 @@ from fleet import cli
 from fleet.analysis import gates, probes
 from fleet.contracts import schema
 from fleet.contracts.gates import Gate
-from fleet.report import columns, compare, html, markdown, text
+from fleet.report import columns, compare, html, markdown, summary, text
 from fleet.report.model import RunReport
 from fleet.report.sections import NOT_MEASURED, sections
+from fleet.report.seeds import seed_sections
 from fleet.results.store import RunStore
 
 VARIANTS = {
@@ -146,8 +147,62 @@ def test_tables_are_valid_markdown_with_their_headers(full: RunReport) -> None:
     assert any(row[:9] == head and row[-2:] == tail for row in rows)
 
 
+def html_rows(fragment: str) -> list[list[str]]:
+    """The cells of every table row in an HTML fragment, header rows included, as text."""
+    rows = re.findall(r"<tr>(.*?)</tr>", fragment)
+    return [[unescape(re.sub("<[^>]+>", "", c)) for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", r)] for r in rows]
+
+
+def test_summary_has_one_row_per_target_with_the_gates_verdict(full: RunReport) -> None:
+    """Every format opens with the summary: one row per target the manifest names, the reference
+    first, and each candidate's verdict the one its rows in the gates section add up to."""
+    targets = ["ref", "cand", "v.eager-true", "v.eager-false", "cand.repeat-2"]
+    verdict = list(columns.VERDICTS).index("verdict")
+    for fmt, (document, _) in rendered(full).items():
+        if fmt == "html":
+            head = document.index('<section id="summary">')
+            first = html_rows(document[head : document.index("</section>", head)])
+            checks = html_rows(chunk(document, escape(sections(full)["gates"].title), ends='<details class="fold">'))
+        else:
+            tables = mdcheck.tables(document)
+            first = tables[0]
+            [checks] = [t for t in tables if t[0] == list(columns.VERDICTS.values())]
+        header, *rows = first
+        assert header[:4] == ["model", "target", "verdict", "failed checks"], fmt
+        assert [row[1] for row in rows] == targets, fmt
+        failed: dict[str, list[bool]] = {}
+        for row in checks[1:]:
+            failed.setdefault(row[2], []).append(row[verdict] == "FAIL")
+        expected = {t: "FAIL" if any(f) else "PASS" for t, f in failed.items()} | {"ref": "reference"}
+        assert {row[1]: row[2] for row in rows} == expected, fmt
+        assert {row[1]: row[3] for row in rows}["cand"] == f"{sum(failed['cand'])}/{len(failed['cand'])}", fmt
+    assert set(expected.values()) == {"PASS", "FAIL", "reference"}  # each verdict is there to match
+    # The headline figures: the noise model's excess with its interval, and the sweep's both ends.
+    assert "6904.76 (2380.95-7142.86)" in text.render(full)
+    assert "| out tok/s @1 | TTFT p50 s @1 | out tok/s @4 | TTFT p50 s @4 |" in text.render(full)
+
+
+def test_a_seed_layout_follows_the_summary(full: RunReport) -> None:
+    """`report: {layout: ...}`: the summary still opens every format, the seed's sections follow in
+    its order, then the standard ones."""
+    store = RunStore(full.run_dir)
+    store.update_info(manifest_resolved=store.info()["manifest_resolved"] | {"report": {"layout": "004-openelm-3b"}})
+    report = RunReport.build(full.run_dir)
+    shaped = seed_sections(report)
+    assert shaped is not None
+    title, seed = shaped
+    opening = {"text": "## Summary", "markdown": "## 1. Summary", "html": '<section id="summary">'}
+    for fmt, (document, _) in rendered(report).items():
+        shown = [escape(t) if fmt == "html" else t for t in (title, *(s.title for s in seed))]
+        where = [document.index(opening[fmt]), *(document.index(t) for t in shown)]
+        where.append(document.index(escape(sections(report)["parity"].title) if fmt == "html" else "Parity vs"))
+        assert where == sorted(where), fmt
+
+
 def test_absent_sections_say_so(tmp_path: Path) -> None:
     report = RunReport.build(write_run(tmp_path / "run", {"cand": SAME}))  # parity only, no gates
+    assert summary.frame(report)["verdict"].to_list() == [summary.REFERENCE, summary.NO_GATES]
+    assert "Perf: the parity runs" in text.render(report)
     for fmt, (document, ends) in rendered(report).items():
         by_title = {s.key: s.title for s in sections(report).values()}
         for key in ("accuracy", "scenarios", "smoke", "logits", "layers", "matrix", "noise_floor"):

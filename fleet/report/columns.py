@@ -179,6 +179,24 @@ CONSISTENCY = {
         "first_diff_prompt", "first_diff_position",
     )
 }  # fmt: skip
-VERDICTS = {c: c for c in (*VERDICT_COLUMNS, "evidence")}
+VERDICTS = {c: c for c in VERDICT_COLUMNS}
+EVIDENCE = {c: c for c in ("gate", "model", "target", "evidence")}  # a table of its own: the code is long
 ARCHITECTURE = {"config": "config", "value": "value"}
 COMPARE = {c: c for c in ("metric", "a", "b", "delta", "rel_delta", "direction", "gate", "verdict_a", "verdict_b")}
+# The first screen (fleet.report.summary). {at} is where the perf figures were measured: "@1" and
+# "@16" (a scenario's lowest and highest concurrency) or "(parity runs)".
+SUMMARY = {
+    "model": "model",
+    "target": "target",
+    "verdict": "verdict",
+    "failed_checks": "failed checks",
+    "tf_p99_abs_logprob_diff": "TF p99 |dlogp|",
+    "noise": "noise (nats)",
+    "tf_excess_ci": "excess x noise (95% CI)",
+    "first_top1_agreement_excl_ties": "first top-1 (near ties agree)",
+    "seq_match_rate_excl_ties": "seq match (near ties agree)",
+    "output_tok_s": "out tok/s {at}",
+    "ttft_p50_s": "TTFT p50 s {at}",
+    "output_tok_s_top": "out tok/s {at}",
+    "ttft_p50_s_top": "TTFT p50 s {at}",
+}

@@ -1,5 +1,7 @@
-"""The run report as one self-contained HTML file: every section of fleet.report.sections, the
-gate verdicts first, with inline SVG plots (fleet.report.plots) beside the tables they illustrate.
+"""The run report as one self-contained HTML file that answers first: the verdict banner, the
+summary (fleet.report.summary: one row per target, its verdict, parity against the noise model and
+speed) and the plots (fleet.report.plots) fill the first screen; every section of
+fleet.report.sections follows folded in a <details>, so a reader opens only what they question.
 
 The page has no scripts and loads nothing: CSS is inline, plots are inline SVG, and a
 Content-Security-Policy forbids any fetch, so the file opens the same offline, attached to a
@@ -12,7 +14,7 @@ from html import escape
 
 import polars as pl
 
-from fleet.report import plots
+from fleet.report import plots, summary
 from fleet.report.model import RunReport
 from fleet.report.sections import TITLES, Block, Section, Table, sections
 from fleet.report.seeds import seed_sections
@@ -31,17 +33,26 @@ code{font-size:11px;word-break:break-all}
 .banner{padding:10px 14px;border-radius:6px;font-weight:600;margin:10px 0}.PASS{background:#e3f4e1;color:#1d6b1a}
 .FAIL{background:#fbe3e3;color:#a11}.No{background:#f3f5f8}.plots{display:flex;flex-wrap:wrap;gap:12px}
 .meta{color:#555;font-size:13px}.absent{color:#666;font-style:italic}
+.notices{font-size:13.5px}.notices ul{margin:0;padding-left:18px}
 td.text{max-width:400px;white-space:pre-wrap;word-break:break-all}
+details.section{border-bottom:1px solid #ddd;overflow-x:auto}details.section>summary{cursor:pointer;padding:4px 0}
+details.section>summary h2{display:inline;border:0}details.fold>summary{cursor:pointer;font-size:13px;margin:6px 0}
+#summary td{white-space:nowrap}#summary p{color:#555;font-size:12.5px;margin:4px 0;max-width:1100px}
+.plots svg{flex:1 1 560px;max-width:660px;height:auto}
 """
 HTML_ROWS = 500  # per-prompt rows shown; a 10k-prompt run must still open quickly
 TEXT_CELL = 300  # characters of generated text shown per cell
 # No script and no fetch: the file must render identically offline (the browser test checks it).
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 ORDER = ["gates", *(key for key in TITLES if key != "gates")]  # the verdicts first, then the text summary's order
+NOTICES = 3  # notice lines shown above the summary; the rest are folded in the same banner
+OPEN = {"parity"}  # sections open on load, besides gates when one fails: the rest is there when questioned
+PLOTTED = ["parity", "sequences", "throughput", "scenarios", "layers"]  # the sections with plots, in plot order
 
 
 def html_table(t: Table, *, limit: int | None = HTML_ROWS) -> str:
-    """A sections.Table as a <table>: its columns and detail columns, the worst rows first when cut."""
+    """A sections.Table as a <table>: its columns and detail columns, the worst rows first when cut;
+    folded in a closed <details> under its title when the table says so (Table.fold)."""
     frame, note = t.frame, ""
     if t.worst is not None:
         frame, note = worst_first(frame, by=t.worst[0], descending=t.worst[1], limit=limit)
@@ -61,9 +72,11 @@ def html_table(t: Table, *, limit: int | None = HTML_ROWS) -> str:
             cells.append(f'<td class="{cls}">{content}</td>' if cls else f"<td>{content}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     head = "".join(f"<th>{escape(columns[c])}</th>" for c in keep)
-    title = f"<h3>{escape(t.title)}</h3>" if t.title else ""
-    table = f"{title}<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-    return table + (f"<p>{escape(note)}</p>" if note else "")
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    table += f"<p>{escape(note)}</p>" if note else ""
+    if t.fold:
+        return f'<details class="fold"><summary>{escape(t.title or "more")}</summary>{table}</details>'
+    return (f"<h3>{escape(t.title)}</h3>" if t.title else "") + table
 
 
 def _block(block: Block) -> str:
@@ -74,13 +87,32 @@ def _block(block: Block) -> str:
     return html_table(block)
 
 
-def _section(report: RunReport, s: Section) -> list[str]:
-    out = [f'<h2 id="{s.key}">{escape(s.title)}</h2>']
-    if not s.blocks:
-        return [*out, f'<p class="absent">{escape(s.absent)}</p>']
-    out += [_block(b) for b in s.blocks]
-    charts = _plots(report, s.key)
-    return out + (['<div class="plots">', *charts, "</div>"] if charts else [])
+def _section(s: Section, *, opened: bool = False) -> str:
+    """A detail section, folded: its title is the <summary> a reader clicks to open it."""
+    body = "".join(_block(b) for b in s.blocks) if s.blocks else f'<p class="absent">{escape(s.absent)}</p>'
+    head = f'<summary><h2 id="{s.key}">{escape(s.title)}</h2></summary>'
+    return f'<details class="section"{" open" if opened else ""}>{head}{body}</details>'
+
+
+def _notices(notices: list[str]) -> str:
+    """One banner, its first NOTICES lines shown and the rest folded: a run with a failed target
+    has a notice per failed shard too, which would push the summary off the first screen."""
+    if not notices:
+        return ""
+    items = [f"<li>{escape(notice)}</li>" for notice in notices]
+    shown = "<ul>" + "".join(items[:NOTICES]) + "</ul>"
+    if len(items) > NOTICES:
+        more = f"<summary>{len(items) - NOTICES} more notices</summary><ul>{''.join(items[NOTICES:])}</ul>"
+        shown += f'<details class="fold">{more}</details>'
+    return f'<div class="banner FAIL notices">{shown}</div>'
+
+
+def _summary(report: RunReport) -> str:
+    """The first screen's table and its notes, unfolded, then every plot."""
+    s = summary.section(report)
+    charts = [chart for key in PLOTTED for chart in _plots(report, key)]
+    body = f'<section id="summary"><h2>{escape(s.title)}</h2>{"".join(_block(b) for b in s.blocks)}</section>'
+    return body + ('<h2 id="plots">Plots</h2><div class="plots">' + "".join(charts) + "</div>" if charts else "")
 
 
 def _plots(report: RunReport, key: str) -> list[str]:
@@ -112,16 +144,18 @@ def render_html(report: RunReport) -> str:
     verdict = report.verdict_line
     body = [f"<h1>{escape(title)}</h1>", f'<p class="meta">{meta}</p>']
     body.append(f'<div class="banner {verdict.split()[0].rstrip(":")}">{escape(verdict)}</div>')
-    body += [f'<div class="banner FAIL">{escape(notice)}</div>' for notice in report.notices]
+    body.append(_notices(report.notices))
+    body.append(_summary(report))
     if (seed := seed_sections(report)) is not None:  # the seed report's own sections, in its order
-        title, shaped = seed
-        body.append(f'<h2 class="seed">{escape(title)}</h2>')
-        for s in shaped:
-            body += _section(report, s)
+        seed_title, shaped = seed
+        body.append(f'<h2 class="seed">{escape(seed_title)}</h2>')
+        body += [_section(s) for s in shaped]
         body.append("<h2>The full fleet-eval report</h2>")
+    else:
+        body.append("<h2>Details</h2>")
     by_key = sections(report)
-    for key in ORDER:
-        body += _section(report, by_key[key])
+    opened = OPEN | ({"gates"} if report.gates_passed is False else set())  # a failure is the next question
+    body += [_section(by_key[key], opened=key in opened) for key in ORDER]
     head = f'<meta charset="utf-8"><meta http-equiv="Content-Security-Policy" content="{CSP}">'
     head += f"<title>{escape(title)}</title><style>{CSS}</style>"
     return f'<!DOCTYPE html><html lang="en"><head>{head}</head><body>{"".join(body)}</body></html>'

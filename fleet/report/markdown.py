@@ -1,12 +1,14 @@
-"""The Markdown report, in the shape of the seed adaptation reports: summary, environment,
-architecture, method and accuracy, performance, conclusion; every section of fleet.report.sections
-under one of those chapters, after the seed report's own sections when the manifest names a layout
-(fleet.report.seeds). `blocks` lays out a section's content as Markdown for this report and
-for the text summary (fleet.report.text), which is Markdown too.
+"""The Markdown report, in the shape of the seed adaptation reports: summary (the verdict and
+fleet.report.summary's table), environment, architecture, method and accuracy, performance,
+conclusion; every section of fleet.report.sections under one of those chapters, after the seed
+report's own sections when the manifest names a layout (fleet.report.seeds). `blocks` lays out
+a section's content as Markdown for this report and for the text summary (fleet.report.text),
+which is Markdown too.
 """
 
 from __future__ import annotations
 
+from fleet.report import summary
 from fleet.report.model import RunReport
 from fleet.report.sections import Block, Section, Table, sections
 from fleet.report.seeds import seed_sections
@@ -44,6 +46,7 @@ def render_markdown(report: RunReport) -> str:
     out = [f"# {', '.join(report.models)}: parity and performance vs `{ref}` (fleet-eval run {report.run_id})"]
     out += ["", "## 1. Summary", "", f"**{report.verdict_line}** Run status: {info.get('status')}."]
     out += ["", *(f"- {notice}" for notice in report.notices)] if report.notices else []
+    out += ["", *blocks(summary.section(report).blocks, level=3, limit=None)]  # one row per target: never cut
     start = 2
     if (seed := seed_sections(report)) is not None:  # the seed report's own sections, in its order
         title, shaped = seed

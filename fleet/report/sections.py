@@ -18,6 +18,7 @@ from fleet.report import columns
 from fleet.report.model import RunReport
 
 NOT_MEASURED = "not measured on this run"
+EVIDENCE = "Evidence: each check's value recomputed from the run's tables (a Polars expression)"
 TITLES = {
     "parity": "Parity vs reference (TF = teacher-forced on the candidate's tokens)",
     "first_step": "First step per prompt",
@@ -45,6 +46,7 @@ class Table:
     code: tuple[str, ...] = ()  # columns holding code (the gates' evidence expressions)
     wrap: tuple[str, ...] = ()  # columns of free text, which the HTML wraps
     detail: Mapping[str, str] = field(default_factory=dict)  # more free-text columns, only where there is room
+    fold: bool = False  # the HTML folds it (closed <details>): long content few readers need, e.g. code
 
 
 Block = str | list[str] | Table  # a paragraph, a list of lines, a table
@@ -155,7 +157,9 @@ def _gates(r: RunReport) -> list[Block]:
     if r.verdicts is None:
         return []
     verdicts = r.verdicts.sort(pl.col("verdict") != "FAIL", "model", "target", "gate", maintain_order=True)
-    return [r.verdict_line, Table(verdicts, columns.VERDICTS, code=("evidence",))]
+    # The evidence (a Polars expression per check) is as long as the rest of the row: a table of its own.
+    evidence = Table(verdicts, columns.EVIDENCE, title=EVIDENCE, code=("evidence",), fold=True)
+    return [r.verdict_line, Table(verdicts, columns.VERDICTS), evidence]
 
 
 def _g(value: float | None, *, scale: float = 1.0) -> str:
