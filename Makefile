@@ -9,6 +9,7 @@ export VLLM_NO_USAGE_STATS := 1
 export RAY_USAGE_STATS_ENABLED := 0
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
+export NO_MKDOCS_2_WARNING := 1
 
 .PHONY: setup demo test lint browser docs clean
 
@@ -31,6 +32,8 @@ lint: setup
 	$(VENV)/bin/ruff format --check fleet actors tests benchmarks scripts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports  # the layers: contracts <- actors, contracts <- fleet (pyproject.toml)
+	# The docs site (mkdocs.yml): a broken link or anchor, a missing page or one left out of nav fails.
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
 
 # Two legs: the suite, then the engine paths again in a GPU / NPU's process layout on CPU engines
 # (tests/test_accelerator_layout.py: the engine core in a child process).

@@ -23,12 +23,12 @@ NEEDS = {
     "npu": ("/dev/davinci[0-9]*", ("vllm", "vllm-ascend", "torch", "torch-npu", "transformers")),
     "cuda": ("/dev/nvidia[0-9]*", ("vllm", "torch", "transformers")),
 }
-INSTALL = {"npu": "pip install -e '.[ascend]' (README 'Running on Atlas 800')", "cuda": "pip install -e '.[cuda]'"}
+INSTALL = {"npu": "pip install -e '.[ascend]' (docs/atlas-800.md)", "cuda": "pip install -e '.[cuda]'"}
 
 
 def cards(device: str) -> list[str]:
     """The device nodes of this host's cards (none without a card, its driver or, in a container,
-    the --device mounts of README "Running on Atlas 800")."""
+    the --device mounts of docs/atlas-800.md)."""
     return sorted(str(p) for p in Path("/dev").glob(NEEDS[device][0].removeprefix("/dev/")))
 
 

@@ -16,7 +16,7 @@ from fleet.contracts.errors import UserError
 from fleet.report.model import RunReport
 from fleet.results import catalog
 
-# The analyst's DuckDB recipe (README "Results"): Hive partitions as strings, stacked on run_id.
+# The analyst's DuckDB recipe (docs/recipes.md): Hive partitions as strings, stacked on run_id.
 DUCKDB_PARITY = """
 WITH t AS (
     SELECT * FROM read_parquet('{root}/tokens/**/*.parquet', hive_partitioning = true,

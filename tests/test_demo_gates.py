@@ -42,7 +42,7 @@ def test_the_demo_gates_pass_healthy_copies_and_catch_the_mutants(local_ray: obj
     numeric = [g for g in demo["gates"] if g["metric"] != "task_accuracy_delta"]
     path = tmp_path / "m.yaml"
     path.write_text(MANIFEST + yaml.safe_dump({"gates": numeric}))
-    # One mutant per family (the demo's own calibration runs them all: README): the suite's time.
+    # One mutant per family (the demo's own calibration runs them all: docs/measurements.md): the suite's time.
     mutations = ["rms_norm_eps x100", "rope base x0.8", "logit scale x1.05", "weight noise 0.01", "activation swapped"]
     table, lines = calibrate.calibrate(
         path, results_dir=tmp_path / "results", run_id="cal", repeats=1, mutations=mutations

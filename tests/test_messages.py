@@ -71,12 +71,13 @@ def test_a_wrong_name_gets_the_closest_one(tmp_path: Path, old: str, new: str, n
     assert "chars)" not in err  # cut() marks a cut line so: no list may be cut mid-way
 
 
-def test_the_gate_metric_list_is_pointed_to_and_the_readme_has_it_whole(tmp_path: Path) -> None:
+def test_the_gate_metric_list_is_pointed_to_and_the_docs_have_it_whole(tmp_path: Path) -> None:
     err = check(tmp_path, tiny(sampling=GATE.replace("METRIC", "pearson") + "sampling:"), "did you mean 'pearson_r'")
-    assert 'known metrics, all listed in the README\'s "Gate metric ids"' in err
-    readme = (ROOT / "README.md").read_text()
+    assert f'known metrics, all listed in {schema.NAMES_PAGE} "Gate metric ids"' in err
+    page = (ROOT / schema.NAMES_PAGE).read_text(encoding="utf-8")
+    assert "\n### Gate metric ids\n" in page  # the heading the message names
     [(key, names)] = schema.documented_names().items()
-    assert f"<!-- names:{key} -->\n{names}\n<!-- /names -->" in readme  # `make docs` regenerates it
+    assert f"<!-- names:{key} -->\n{names}\n<!-- /names -->" in page  # `make docs` regenerates it
 
 
 def test_a_wrong_query_table_or_column_gets_the_closest_one(tmp_path: Path) -> None:

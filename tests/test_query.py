@@ -1,4 +1,4 @@
-"""fleet.query: SQL over a hand-made run directory, including the three README examples."""
+"""fleet.query: SQL over a hand-made run directory, including the three examples in docs/recipes.md."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_errors_name_the_tables_in_two_lines(run: Path, tmp_path: Path) -> None:
         query.query(tmp_path / "missing", "SELECT 1")
 
 
-def test_readme_examples(run: Path) -> None:
+def test_the_documented_examples(run: Path) -> None:
     worst = query.query(run, query.EXAMPLES["worst teacher-forced positions"])
     # |logprob - ref_logprob| on the candidate's rows: p2 position 1 is |-0.75 - -1.5| = 0.75, the largest.
     assert (worst["prompt_id"][0], worst["position"][0], worst["abs_dlogp"][0]) == ("p2", 1, 0.75)

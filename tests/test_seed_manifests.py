@@ -148,7 +148,7 @@ def test_a_generated_line_separator_cannot_split_a_table_row() -> None:
 
 
 def test_004_gates_cannot_pass_on_a_reference_that_solves_nothing() -> None:
-    """004's only gate was the accuracy delta; with the reference at 1 of 54 (the README's run) the
+    """004's only gate was the accuracy delta; with the reference at 1 of 54 (the run in docs/measurements.md) the
     worst delta, -1.9 points, passes -3.8 whatever the candidate does. Now the reference's own
     accuracy is gated (>= 3 of 54), and parity too."""
     from fleet.analysis import gates

@@ -1,6 +1,6 @@
 """Each seed-report manifest (manifests/reports/) runs to completion with `fleet run`, sizes cut with
 `--set`, on real engines, and `fleet report` prints that seed's sections, in its order, in text,
-Markdown (valid pipe tables) and HTML. The full manifests are run once for the README's seed table."""
+Markdown (valid pipe tables) and HTML. The full manifests are run once for the seed table (docs/measurements.md)."""
 
 from __future__ import annotations
 
@@ -62,17 +62,20 @@ CASES: dict[str, list[str]] = {
 }
 
 
-def readme_verdicts() -> dict[str, str]:
-    """The cut runs' verdicts as the README states them: {"001": "PASS", ...}."""
-    text = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+SEED_DOC = Path(__file__).parents[1] / "docs" / "seed-reports.md"
+
+
+def stated_verdicts() -> dict[str, str]:
+    """The cut runs' verdicts as docs/seed-reports.md states them: {"001": "PASS", ...}."""
+    text = SEED_DOC.read_text(encoding="utf-8")
     stated = re.search(r"\*\*cut-run verdicts: ([^*]+)\*\*", text)
-    assert stated, "README: the seed section states no cut-run verdicts"
+    assert stated, "docs/seed-reports.md states no cut-run verdicts"
     return dict(pair.split() for pair in stated[1].split(", "))
 
 
-def test_the_readme_states_a_verdict_for_every_seed() -> None:
-    assert set(readme_verdicts()) == {name[:3] for name in CASES}
-    assert set(readme_verdicts().values()) <= {"PASS", "FAIL"}
+def test_the_docs_state_a_verdict_for_every_seed() -> None:
+    assert set(stated_verdicts()) == {name[:3] for name in CASES}
+    assert set(stated_verdicts().values()) <= {"PASS", "FAIL"}
 
 
 def _run(name: str, tmp: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, str]:
@@ -81,8 +84,8 @@ def _run(name: str, tmp: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path
     run_dir = tmp / name
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "complete", (info.get("failures"), info.get("failed_shards"))
-    # The verdict the README states for this cut run, in run.json and in the exit code.
-    verdict = readme_verdicts()[name[:3]]
+    # The verdict the docs state for this cut run, in run.json and in the exit code.
+    verdict = stated_verdicts()[name[:3]]
     assert (info["gates"], code) == (verdict, cli.EXIT_OK if verdict == "PASS" else cli.EXIT_GATES)
     assert info["overrides"] == CASES[name]
     capsys.readouterr()
@@ -91,7 +94,7 @@ def _run(name: str, tmp: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path
 
 def _check_formats(run_dir: Path, tmp: Path, capsys: pytest.CaptureFixture[str]) -> tuple[RunReport, dict[str, Any]]:
     md, page_file = tmp / "r.md", tmp / "r.html"
-    verdict = readme_verdicts()[run_dir.name[:3]]
+    verdict = stated_verdicts()[run_dir.name[:3]]
     expected = cli.EXIT_OK if verdict == "PASS" else cli.EXIT_GATES
     assert cli.main(["report", str(run_dir), "--markdown", str(md), "--html", str(page_file)]) == expected
     assert "## The full fleet-eval report" in capsys.readouterr().out  # printed; checked as text.render below

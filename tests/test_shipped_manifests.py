@@ -1,5 +1,5 @@
 """Every manifest shipped under manifests/ validates, and the Atlas 800 examples reserve what the
-README says they do (fast: no Ray, no engine)."""
+docs (docs/atlas-800.md) say they do (fast: no Ray, no engine)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ DERIVED: dict[str, Callable[[Tables, Settings], pl.DataFrame]] = {
     "divergences": lambda t, s: divergence.divergences(t["requests"], t["tokens"], s.reference, spec=s.noise),
 }
 
-# Three queries the README shows; tests run them against a real run directory.
+# Three queries docs/recipes.md shows; tests run them against a real run directory.
 EXAMPLES = {
     "worst teacher-forced positions": (
         "SELECT target, prompt_id, position, token_id, logprob, ref_logprob, "

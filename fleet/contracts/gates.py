@@ -121,7 +121,7 @@ class Gate(Strict):
     @classmethod
     def _known_metric(cls, value: str) -> str:
         if value not in METRICS:
-            raise ValueError(unknown("metric", value, METRICS, listed='the README\'s "Gate metric ids"'))
+            raise ValueError(unknown("metric", value, METRICS, listed='docs/metrics.md "Gate metric ids"'))
         return value
 
     @field_validator("threshold")

@@ -115,8 +115,16 @@ def all_tables() -> dict[str, pa.Schema]:
     return TABLES | PERF_TABLES | globals().get("PROBE_TABLES", {})
 
 
+# The pages `make docs` keeps in sync with the code: the tables' columns (between <!-- schema:NAME -->
+# and <!-- /schema -->) and the names a user types (between <!-- names:KEY --> and <!-- /names -->;
+# an error for a wrong gate metric id points there, fleet/contracts/gates.py). Paths are from the
+# repository's top; tests/test_store.py and tests/test_messages.py fail when a page is stale.
+TABLES_PAGE = "docs/results.md"
+NAMES_PAGE = "docs/metrics.md"
+
+
 def documented_tables() -> dict[str, pa.Schema]:
-    """Every table the README documents: the stored ones and the perf summary computed from them."""
+    """Every table the docs document: the stored ones and the perf summary computed from them."""
     return all_tables() | {"perf": PERF_SUMMARY}
 
 
@@ -141,7 +149,7 @@ def _type_name(t: pa.DataType) -> str:
 
 
 def markdown(schema: pa.Schema) -> str:
-    """The schema as a Markdown table, for the README (kept in sync by a test)."""
+    """The schema as a Markdown table, for TABLES_PAGE (kept in sync by a test)."""
     rows = ["| column | type | meaning |", "|---|---|---|"]
     for field in schema:
         doc = (field.metadata or {}).get(b"doc", b"").decode()
@@ -150,36 +158,43 @@ def markdown(schema: pa.Schema) -> str:
 
 
 def documented_names() -> dict[str, str]:
-    """Names a user types that the README lists whole (between <!-- names:KEY --> markers): an
+    """Names a user types that NAMES_PAGE lists whole (between <!-- names:KEY --> markers): an
     error for a wrong one points there when the list is too long for the message."""
     from fleet.contracts.gates import METRICS
 
     return {"gate-metrics": ", ".join(f"`{name}`" for name in METRICS)}
 
 
-def sync_readme(path: str = "README.md") -> None:
-    """Rewrite the README's schema tables and name lists (between <!-- schema:NAME --> and
-    <!-- names:KEY --> markers) from the code."""
-    import re
+def sync_docs(root: str = ".") -> None:
+    """Rewrite the schema tables in TABLES_PAGE and the name lists in NAMES_PAGE (under `root`)
+    from the code. A page that lacks a table's or a list's markers is an error, so that nothing
+    documented is dropped silently."""
     from pathlib import Path
 
-    readme = Path(path)
-    text = readme.read_text()
+    tables = Path(root) / TABLES_PAGE
+    text = tables.read_text(encoding="utf-8")
     for name, declared in documented_tables().items():
-        block = re.compile(rf"(<!-- schema:{name} -->\n).*?(<!-- /schema -->)", re.S)
-        text = block.sub(rf"\g<1>{markdown(declared)}\n\g<2>", text)
+        text = _between(text, f"<!-- schema:{name} -->", "<!-- /schema -->", markdown(declared), page=tables)
+    tables.write_text(text, encoding="utf-8")
+    names_page = Path(root) / NAMES_PAGE
+    text = names_page.read_text(encoding="utf-8")
     for key, names in documented_names().items():
-        text = _between(text, f"<!-- names:{key} -->", "<!-- /names -->", names)
-    readme.write_text(text)
+        text = _between(text, f"<!-- names:{key} -->", "<!-- /names -->", names, page=names_page)
+    names_page.write_text(text, encoding="utf-8")
 
 
-def _between(text: str, start: str, end: str, body: str) -> str:
+def _between(text: str, start: str, end: str, body: str, *, page: object) -> str:
     """`text` with what lies between the marker lines `start` and `end` replaced by `body` (as is:
-    a function replacement, so a backslash in it is not a group reference)."""
+    a function replacement, so a backslash in it is not a group reference); `page` names the
+    file in the error when the markers are missing."""
     import re
 
     block = re.compile(rf"({re.escape(start)}\n).*?({re.escape(end)})", re.S)
-    return block.sub(lambda m: f"{m.group(1)}{body}\n{m.group(2)}", text)
+    text, found = block.subn(lambda m: f"{m.group(1)}{body}\n{m.group(2)}", text)
+    if not found:
+        msg = f"{page}: no {start} ... {end} markers to write into"
+        raise ValueError(msg)
+    return text
 
 
 # Performance tables (issue 4): one row per measured request, one per (scenario, level) run, one
@@ -350,4 +365,4 @@ PROBE_TABLES: dict[str, pa.Schema] = {"logits": PROBE_LOGITS, "layers": PROBE_LA
 
 
 if __name__ == "__main__":
-    sync_readme()
+    sync_docs()

@@ -27,7 +27,7 @@ Every key of a manifest, section by section, starting from the top level. A sect
 all the keys that place accepts: any other key is an error (with the closest allowed one named).
 Types: `a | b` is either; `list[X]`, `dict[K, X]` hold X; a linked name is the section below.
 Two target keys are not here because they are expanded before validation: `matrix:` (variants
-over settings) and `repeat: N` (copies): README "The manifest". Keys described as "Filled ..."
+over settings) and `repeat: N` (copies): the [manifest guide](manifest-guide.md). Keys described as "Filled ..."
 are written by fleet-eval into run.json's resolved manifest, not by you.
 """
 
