@@ -119,6 +119,7 @@ def test_known_keys_follow_lists_dicts_and_the_kind_of_a_union() -> None:
 
     vllm = known_keys(Manifest, ("targets", 1, "vllm", "bogus"))
     assert "max_model_len" in vllm and "attn_implementation" not in vllm  # the vllm backend's, not hf's
+    assert {"matrix", "repeat"} <= set(vllm)  # expanded before validation, but keys the user writes
     assert "attn_implementation" in known_keys(Manifest, ("targets", 0, "hf", "bogus"))
     assert known_keys(Manifest, ("sampling", "bogus")) == ["logprobs", "max_tokens", "seed", "temperature"]
     assert known_keys(Manifest, ("nosuchfield", "bogus")) == []  # nothing to offer: the plain message

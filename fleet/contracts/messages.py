@@ -122,7 +122,8 @@ def _members(tp: Any) -> list[Any]:
 
 
 def _fields(model: type[BaseModel]) -> dict[str, Any]:
-    return {f.alias or name: f.annotation for name, f in model.model_fields.items()}
+    expanded = dict.fromkeys(getattr(model, "expanded_keys", ()))  # written, but expanded before validation
+    return {f.alias or name: f.annotation for name, f in model.model_fields.items()} | expanded
 
 
 def _kind(model: type[BaseModel]) -> Any:

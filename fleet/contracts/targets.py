@@ -39,6 +39,13 @@ class TargetArgs(Strict):
     """Fields every target has; a backend's args model adds its own and a `kind` literal."""
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    # Keys a manifest's target may also hold, expanded into targets before validation
+    # (fleet/run/matrix.py): listed where an unknown key gets its closest allowed one.
+    expanded_keys: ClassVar[dict[str, str]] = {
+        "matrix": "Variants over settings, {setting: [values, ...]}: one target per combination, named "
+        "`NAME.SETTING-VALUE...` (a feature matrix).",
+        "repeat": "1-8: adds copies `NAME.repeat-2`... of this target, to measure its noise floor.",
+    }
     # The engine runs torch in the actor's own process, so the actor sets torch's threads.
     runs_torch: ClassVar[bool] = False
 

@@ -88,6 +88,8 @@ def markdown() -> str:
         for name, field in model.model_fields.items():
             desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
             out.append(f"| `{field.alias or name}` | {type_name(field.annotation)} | {_default(field)} | {desc} |")
+        for key, desc in getattr(model, "expanded_keys", {}).items():  # expanded before validation
+            out.append(f"| `{key}` | (expanded) | none | {desc} |")
         out.append("")
     return "\n".join(out)
 
