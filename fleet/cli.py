@@ -111,7 +111,8 @@ def _run(args: argparse.Namespace) -> int:
     from fleet.results.catalog import record_verdict
     from fleet.run import driver
 
-    common = {"ray_address": args.ray_address, "progress": not args.no_progress, "verbose": args.verbose}
+    common = {"ray_address": args.ray_address, "num_cpus": args.num_cpus}
+    common |= {"progress": not args.no_progress, "verbose": args.verbose}
     if (args.manifest is None) == (args.resume is None):
         msg = "fleet run takes a MANIFEST or --resume RUN_DIR (one of them)"
         raise UserError(msg)

@@ -70,6 +70,12 @@ def parser() -> argparse.ArgumentParser:
         "sampling.max_tokens=4 or perf.0.concurrency=[1]; repeatable",
     )
     run.add_argument("--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, else start a local Ray)")
+    run.add_argument(
+        "--num-cpus",
+        type=Bounded(int, 1, 1024),
+        metavar="N",
+        help="CPU slots of the private local Ray (default: the machine's cores; more oversubscribes them)",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--verbose", action="store_true", help="show actor and engine logs")
     run.add_argument(

@@ -85,3 +85,34 @@ def test_compare_takes_run_ids_under_results_like_report(tmp_path: Path) -> None
     assert by_id[1] == by_path[1]
     code, _, err = run_cli(["compare", "a", "nope", "--results", str(tmp_path / "results")])
     assert code == 2 and "nope: not a run directory, nor a run id under" in err, err
+
+
+def test_num_cpus_sizes_the_private_ray(fleet_cache: Path, tmp_path: Path) -> None:
+    """`fleet run --num-cpus 3` on a 2-core machine: the private Ray has 3 CPU slots (run.json's
+    cluster says so), e.g. for a tensor-parallel CPU target beside its reference. A subprocess: a
+    process holds one Ray, and this one must be fleet's own private one."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import DOUBLE_MANIFEST
+
+    (tmp_path / "m.yaml").write_text(DOUBLE_MANIFEST.split("gates:")[0])  # the run, not a verdict
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"FLEET_CACHE": str(fleet_cache)}
+    cmd = [sys.executable, "-m", "fleet", "run", str(tmp_path / "m.yaml"), "--num-cpus", "3", "--no-progress"]
+    cmd += ["--results", str(tmp_path / "results"), "--run-id", "sized"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads((tmp_path / "results" / "sized" / "run.json").read_text())
+    assert info["cluster"]["resources"]["CPU"] == 3.0
+
+
+def test_num_cpus_is_refused_for_a_cluster_it_does_not_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import DOUBLE_MANIFEST
+
+    (tmp_path / "m.yaml").write_text(DOUBLE_MANIFEST)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # refused before any connection is tried
+    code, _, err = run_cli(["run", str(tmp_path / "m.yaml"), "--num-cpus", "3", "--results", str(tmp_path / "r")])
+    assert code == 2 and "--num-cpus sizes the private Ray" in err and "10.0.0.1:6379" in err, err
+    assert not (tmp_path / "r").exists()

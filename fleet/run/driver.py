@@ -42,17 +42,25 @@ def default_run_id(manifest_path: Path) -> str:
     return f"{manifest_path.stem}-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}"
 
 
-def _connect(address: str | None, *, verbose: bool) -> bool:
+def _connect(address: str | None, *, verbose: bool, num_cpus: int | None = None) -> bool:
     """Join the cluster at `address` (or $RAY_ADDRESS; "auto" finds one on this machine); without one
-    start a private local Ray, never someone else's cluster by accident. True if started here."""
+    start a private local Ray, never someone else's cluster by accident, with `num_cpus` CPU slots
+    (default: the machine's cores). True if started here."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # else Ray 2.60 writes ~/.ray/auth_token
     import ray
 
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if num_cpus is not None and (address is not None or ray.is_initialized()):
+        where = address or "this process's Ray"
+        msg = f"--num-cpus sizes the private Ray that fleet run starts; the cluster at {where!r} has its own size"
+        raise UserError(msg)
     if ray.is_initialized():
         return False
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    ray.init(address=address or "local", include_dashboard=False, log_to_driver=verbose, configure_logging=verbose)
+    sized = {} if num_cpus is None else {"num_cpus": num_cpus}
+    ray.init(
+        address=address or "local", include_dashboard=False, log_to_driver=verbose, configure_logging=verbose, **sized
+    )
     return address is None
 
 
@@ -72,6 +80,7 @@ def run(
     results_dir: str | Path = Path("results"),
     run_id: str | None = None,
     ray_address: str | None = None,
+    num_cpus: int | None = None,
     progress: bool = True,
     verbose: bool = False,
     overrides: Sequence[str] = (),
@@ -87,7 +96,7 @@ def run(
     manifest, run_dir, info, unresolved = check(
         manifest_path, results_dir=results_dir, run_id=run_id, overrides=overrides
     )
-    with _ray(ray_address, verbose=verbose) as cluster:
+    with _ray(ray_address, verbose=verbose, num_cpus=num_cpus) as cluster:
         _check_cluster(manifest, cluster, manifest_path)
         with _storage(run_dir):  # e.g. no such bucket: nothing was written
             store = RunStore.create(run_dir, info)
@@ -166,13 +175,14 @@ def resume(
     run_dir: str | Path,
     *,
     ray_address: str | None = None,
+    num_cpus: int | None = None,
     progress: bool = True,
     verbose: bool = False,
     gates_of: RunGateCheck | None = None,
 ) -> tuple[str | Path, Outcome]:
     """Finish an interrupted run: only the shards without a written `shards` row run again."""
     store, info, manifest, todo, perf_todo, probes_todo = check_resume(run_dir)
-    with _ray(ray_address, verbose=verbose) as cluster:
+    with _ray(ray_address, verbose=verbose, num_cpus=num_cpus) as cluster:
         _check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
         store.update_info(status="running", resumed_at=[*info.get("resumed_at", []), now()])
         outcome = _execute(
@@ -225,8 +235,8 @@ def _storage(run_dir: str | Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _ray(address: str | None, *, verbose: bool) -> Iterator[dict[str, float]]:
-    started_here = _connect(address, verbose=verbose)
+def _ray(address: str | None, *, verbose: bool, num_cpus: int | None = None) -> Iterator[dict[str, float]]:
+    started_here = _connect(address, verbose=verbose, num_cpus=num_cpus)
     import ray
 
     try:
