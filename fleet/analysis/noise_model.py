@@ -108,15 +108,14 @@ def _one(group: pl.DataFrame, spec: NoiseSpec, model_name: str, target: str) -> 
         if twinned.height < group.height:
             source += f", on the {twinned.height} of {group.height} positions the twin scored"
         group = twinned
-        prompts = [g for _, g in group.group_by("prompt_set", "prompt_id", maintain_order=True)]
-        twins = [g["twin_diff"].to_numpy() for g in prompts]
-        twin: list[np.ndarray] | None = twins
-        twin_p99 = float(np.quantile(np.concatenate(twins), QUANTILE))
     else:
-        prompts = [g for _, g in group.group_by("prompt_set", "prompt_id", maintain_order=True)]
-        twin = None
-        twin_p99 = DEFAULT_TWIN_P99.get(dtype, DEFAULT_TWIN_P99["bfloat16"])
         source = f"default for {dtype} (no twin ran; SmolLM2-135M measurement) x {allowance:g}"
+    prompts = [g for _, g in group.group_by("prompt_set", "prompt_id", maintain_order=True)]
+    twin = [g["twin_diff"].to_numpy() for g in prompts] if twinned.height else None
+    if twin is not None:
+        twin_p99 = float(np.quantile(np.concatenate(twin), QUANTILE))
+    else:
+        twin_p99 = DEFAULT_TWIN_P99.get(dtype, DEFAULT_TWIN_P99["bfloat16"])
     cand = [g["cand_diff"].to_numpy() for g in prompts]
     noise = twin_p99 * allowance
     excess = float(np.quantile(np.concatenate(cand), QUANTILE)) / noise if noise > 0 else None

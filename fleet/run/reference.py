@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import sys
 import types
-import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -65,8 +64,6 @@ def type_name(tp: Any) -> str:
         return "null"
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return f"[{tp.__name__}](#{tp.__name__.lower()})"
-    if isinstance(tp, typing.TypeVar | typing.ForwardRef):
-        return str(tp)
     return getattr(tp, "__name__", str(tp))
 
 
