@@ -230,10 +230,11 @@ def test_f_query_views_use_the_manifests_near_tie_nats(tmp_path: Path) -> None:
 
 
 def test_d_seed_stages_say_passed_only_when_the_gates_passed(tmp_path: Path) -> None:
-    from fleet.report.seeds import _stages
+    from fleet.report.blocks import SECTIONS
+    from fleet.report.layouts import seed_sections  # noqa: F401  (registers the seed sections)
 
     gate = {"metric": "seq_match_rate", "op": ">=", "threshold": 1.0}
     run = write_run(tmp_path / "r", {"cand": DIVERGED, "good": SAME}, gate_specs=[gate])
-    [block] = _stages(RunReport.build(run))
+    [block] = SECTIONS["stages"].section(RunReport.build(run)).blocks
     results = dict(zip(block.frame["target"], block.frame["result"], strict=True))  # type: ignore[attr-defined]
     assert results == {"cand": "gates failed: seq_match_rate >= 1", "good": "passed"}

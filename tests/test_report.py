@@ -27,9 +27,10 @@ from fleet.analysis import gates, probes
 from fleet.contracts import schema
 from fleet.contracts.gates import Gate
 from fleet.report import columns, compare, html, markdown, summary, text
+from fleet.report.blocks import NOT_MEASURED
+from fleet.report.layouts import seed_sections
 from fleet.report.model import RunReport
-from fleet.report.sections import NOT_MEASURED, sections
-from fleet.report.seeds import seed_sections
+from fleet.report.sections import sections
 from fleet.results.store import RunStore
 
 VARIANTS = {

@@ -14,7 +14,7 @@ from fleet import cli
 from fleet.analysis import probes
 from fleet.contracts.errors import ManifestError
 from fleet.contracts.spec import REPORT_LAYOUTS
-from fleet.report.seeds import LAYOUTS
+from fleet.report import layouts
 from fleet.run import manifest
 
 REPORTS = Path(__file__).parents[1] / "manifests" / "reports"
@@ -30,7 +30,7 @@ reference: ref
 
 
 def test_every_layout_has_a_manifest_and_a_builder() -> None:
-    assert set(LAYOUTS) == set(REPORT_LAYOUTS)
+    assert set(layouts.names()) == set(REPORT_LAYOUTS)
     for layout in REPORT_LAYOUTS:
         m = manifest.load(REPORTS / f"{layout}.yaml")
         assert m.report.layout == layout

@@ -14,8 +14,8 @@ import mdcheck
 import pytest
 
 from fleet import cli
+from fleet.report.layouts import seed_sections
 from fleet.report.model import RunReport
-from fleet.report.seeds import seed_sections
 from fleet.report.text import render
 
 pytestmark = pytest.mark.engine

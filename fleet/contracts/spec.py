@@ -94,7 +94,7 @@ class Probes(Strict):
     layers: Probe | None = Field(None, description="Hidden states after every layer (hf targets, hf reference).")
 
 
-# The seed adaptation reports whose shape `fleet report` can print (fleet/report/seeds.py lays each out).
+# The seed adaptation reports whose shape `fleet report` can print (fleet/report/layouts/NAME.yaml lays each out).
 ReportLayout = Literal["001-llama-3.2-3b", "002-qwen2.5-0.5b", "003-qwen-7b", "004-openelm-3b"]
 REPORT_LAYOUTS: tuple[ReportLayout, ...] = ("001-llama-3.2-3b", "002-qwen2.5-0.5b", "003-qwen-7b", "004-openelm-3b")
 

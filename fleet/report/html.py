@@ -15,9 +15,10 @@ from html import escape
 import polars as pl
 
 from fleet.report import plots, summary
+from fleet.report.blocks import Block, Section, Table
+from fleet.report.layouts import seed_sections
 from fleet.report.model import RunReport
-from fleet.report.sections import TITLES, Block, Section, Table, sections
-from fleet.report.seeds import seed_sections
+from fleet.report.sections import sections
 from fleet.report.table import cell, worst_first
 
 CSS = """
@@ -44,14 +45,13 @@ HTML_ROWS = 500  # per-prompt rows shown; a 10k-prompt run must still open quick
 TEXT_CELL = 300  # characters of generated text shown per cell
 # No script and no fetch: the file must render identically offline (the browser test checks it).
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
-ORDER = ["gates", *(key for key in TITLES if key != "gates")]  # the verdicts first, then the text summary's order
 NOTICES = 3  # notice lines shown above the summary; the rest are folded in the same banner
 OPEN = {"parity"}  # sections open on load, besides gates when one fails: the rest is there when questioned
 PLOTTED = ["parity", "sequences", "throughput", "scenarios", "layers"]  # the sections with plots, in plot order
 
 
 def html_table(t: Table, *, limit: int | None = HTML_ROWS) -> str:
-    """A sections.Table as a <table>: its columns and detail columns, the worst rows first when cut;
+    """A blocks.Table as a <table>: its columns and detail columns, the worst rows first when cut;
     folded in a closed <details> under its title when the table says so (Table.fold)."""
     frame, note = t.frame, ""
     if t.worst is not None:
@@ -155,7 +155,8 @@ def render_html(report: RunReport) -> str:
         body.append("<h2>Details</h2>")
     by_key = sections(report)
     opened = OPEN | ({"gates"} if report.gates_passed is False else set())  # a failure is the next question
-    body += [_section(by_key[key], opened=key in opened) for key in ORDER]
+    order = ["gates", *(key for key in by_key if key != "gates")]  # the verdicts first, then the text summary's order
+    body += [_section(by_key[key], opened=key in opened) for key in order]
     head = f'<meta charset="utf-8"><meta http-equiv="Content-Security-Policy" content="{CSP}">'
     head += f"<title>{escape(title)}</title><style>{CSS}</style>"
     return f'<!DOCTYPE html><html lang="en"><head>{head}</head><body>{"".join(body)}</body></html>'

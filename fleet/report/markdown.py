@@ -1,7 +1,7 @@
 """The Markdown report, in the shape of the seed adaptation reports: summary (the verdict and
 fleet.report.summary's table), environment, architecture, method and accuracy, performance,
-conclusion; every section of fleet.report.sections under one of those chapters, after the seed
-report's own sections when the manifest names a layout (fleet.report.seeds). `blocks` lays out
+conclusion; every standard section of the registry (fleet.report.blocks) under its chapter, after
+the seed report's own sections when the manifest names a layout (fleet.report.layouts). `blocks` lays out
 a section's content as Markdown for this report and for the text summary (fleet.report.text),
 which is Markdown too.
 """
@@ -9,19 +9,16 @@ which is Markdown too.
 from __future__ import annotations
 
 from fleet.report import summary
+from fleet.report.blocks import SECTIONS, Block, Section, Table
+from fleet.report.layouts import seed_sections
 from fleet.report.model import RunReport
-from fleet.report.sections import Block, Section, Table, sections
-from fleet.report.seeds import seed_sections
+from fleet.report.sections import sections
 from fleet.report.table import markdown, worst_first
 
-MD_ROWS = 50  # per-prompt rows shown; the worst first (sections.Table.worst)
-CHAPTERS = {  # after "1. Summary"; a chapter of one section is titled by it
-    "environment": ["environment"],
-    "architecture": ["architecture"],
-    "Accuracy": ["parity", "first_step", "sequences", "accuracy", "logits", "layers", "matrix", "noise_floor"],
-    "Performance": ["throughput", "scenarios", "smoke"],
-    "Conclusion": ["gates"],
-}
+MD_ROWS = 50  # per-prompt rows shown; the worst first (blocks.Table.worst)
+# The chapters after "1. Summary", in order; a section's own chapter (SectionSpec.chapter) not
+# listed here comes before the conclusion. A chapter holding one section of its name is titled by it.
+CHAPTERS = ["environment", "architecture", "Accuracy", "Performance", "Conclusion"]
 METHOD = """\
 Reference: `{ref}`. Every target generates greedily (temperature 0) up to {max_tokens} tokens per prompt and
 records its top-{k} logprobs. The reference then scores each candidate's output by teacher forcing (prompt + the
@@ -54,8 +51,8 @@ def render_markdown(report: RunReport) -> str:
         for s in shaped:
             out += ["", *section(s, "### ", limit=MD_ROWS)]
         start = 3
-    for number, (chapter, keys) in enumerate(CHAPTERS.items(), start=start):
-        if chapter in by_key:
+    for number, (chapter, keys) in enumerate(chapters(by_key).items(), start=start):
+        if keys == [chapter]:
             out += ["", *section(by_key[chapter], f"## {number}. ", limit=MD_ROWS)]
             continue
         out += ["", f"## {number}. {chapter}"]
@@ -70,6 +67,13 @@ def render_markdown(report: RunReport) -> str:
         for sub, key in enumerate(keys, start=first):
             out += ["", *section(by_key[key], f"### {number}.{sub} ", limit=MD_ROWS)]
     return "\n".join(out) + "\n"
+
+
+def chapters(by_key: dict[str, Section]) -> dict[str, list[str]]:
+    """Chapter -> its sections' keys, in registration order; CHAPTERS' order, new chapters before the last."""
+    named = list(dict.fromkeys([*CHAPTERS[:-1], *(SECTIONS[k].chapter for k in by_key), CHAPTERS[-1]]))
+    grouped = {chapter: [k for k in by_key if SECTIONS[k].chapter == chapter] for chapter in named}
+    return {chapter: keys for chapter, keys in grouped.items() if keys}
 
 
 def section(s: Section, prefix: str = "## ", *, limit: int | None, max_chars: int | None = None) -> list[str]:

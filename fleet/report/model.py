@@ -39,6 +39,7 @@ ARCH_KEYS = [
     "rms_norm_eps", "tie_word_embeddings", "dtype", "torch_dtype",
 ]
 # fmt: on
+NO_VERDICT = "No gates configured: no verdict."
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ class RunReport:
     def verdict_line(self) -> str:
         v = self.verdicts
         if v is None or v.is_empty():
-            return "No gates configured: no verdict."
+            return NO_VERDICT
         n_fail = int((v["verdict"] == "FAIL").sum())
         return (
             f"FAIL: {n_fail} of {v.height} gate checks fail." if n_fail else f"PASS: all {v.height} gate checks pass."

@@ -1,126 +1,98 @@
-"""A RunReport as titled sections of paragraphs, lists and tables: the content every format shows.
-
-The text summary, the Markdown and the HTML report lay out the same sections (fleet.report.text,
-.markdown, .html): each decides its order, its headings and how many rows of a long table fit,
-none decides what is in a section. A section with no blocks was not measured on this run, and
-every format says so rather than leaving the section out.
+"""The standard report sections, registered in the order the text summary prints them
+(fleet.report.blocks holds the registry). Each is its key, title, Markdown chapter, columns
+(fleet.report.columns) and a build function over the RunReport; the figures come from
+fleet.analysis, the sentences around them are here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
 
 from fleet.report import columns
-from fleet.report.model import RunReport
+from fleet.report.blocks import SECTIONS, Block, Section, SectionSpec, Table, register
+from fleet.report.model import NO_VERDICT, RunReport
 
-NOT_MEASURED = "not measured on this run"
 EVIDENCE = "Evidence: each check's value recomputed from the run's tables (a Polars expression)"
-TITLES = {
-    "parity": "Parity vs reference (TF = teacher-forced on the candidate's tokens)",
-    "first_step": "First step per prompt",
-    "sequences": "Full sequences (greedy)",
-    "accuracy": "Task accuracy (prompts with an expected answer)",
-    "throughput": "Throughput and latency per target (parity runs, engine-side timestamps)",
-    "scenarios": "Performance scenarios (client-side timestamps, streaming)",
-    "smoke": "Smoke checks",
-    "logits": "Full-distribution probe (full vocabulary, vs reference)",
-    "layers": "Layer-wise probe (error growth across depth, vs reference)",
-    "matrix": "Feature matrix",
-    "noise_floor": "Noise floor (each repeated target against itself)",
-    "environment": "Environment and provenance",
-    "architecture": "Model architecture",
-    "gates": "Gates",
-}
+ACCURACY, PERFORMANCE = "Accuracy", "Performance"  # Markdown chapters
 
 
-@dataclass(frozen=True)
-class Table:
-    frame: pl.DataFrame
-    columns: Mapping[str, str]  # column -> header: which columns, in which order (fleet.report.columns)
-    title: str = ""  # a sub-heading, e.g. the model of an architecture table
-    worst: tuple[str, bool] | None = None  # (column, descending): the rows kept first when a format cuts
-    code: tuple[str, ...] = ()  # columns holding code (the gates' evidence expressions)
-    wrap: tuple[str, ...] = ()  # columns of free text, which the HTML wraps
-    detail: Mapping[str, str] = field(default_factory=dict)  # more free-text columns, only where there is room
-    fold: bool = False  # the HTML folds it (closed <details>): long content few readers need, e.g. code
+@register("parity", "Parity vs reference (TF = teacher-forced on the candidate's tokens)", chapter=ACCURACY,
+          columns=columns.PARITY)  # fmt: skip
+def _parity(r: RunReport, spec: SectionSpec) -> list[Block]:
+    blocks = spec.table(r.parity)
+    return [*blocks, precision_lines(r.parity)] if blocks and "tf_excess" in r.parity.columns else blocks
 
 
-Block = str | list[str] | Table  # a paragraph, a list of lines, a table
-
-
-@dataclass(frozen=True)
-class Section:
-    key: str
-    title: str
-    blocks: list[Block]  # empty: not measured
-    absent: str = NOT_MEASURED  # what the section says when empty
-
-
-def sections(report: RunReport) -> dict[str, Section]:
-    """Every section of the report by key, in TITLES order (the text summary's)."""
-    r = report
-    blocks: dict[str, list[Block]] = {
-        "parity": _table(r.parity, columns.PARITY),
-        "first_step": _table(r.first_step, columns.FIRST_STEP, worst=("rel_err", True)),
-        "sequences": _table(
-            r.sequences,
-            columns.SEQUENCES,
-            worst=("first_divergence", False),
-            wrap=("ref_text", "cand_text", "prompt"),
-            detail=columns.SEQUENCES_DETAIL,
-        ),
-        "accuracy": _table(r.accuracy, columns.ACCURACY),
-        "throughput": _table(r.throughput, columns.THROUGHPUT),
-        "scenarios": _table(r.scenarios, columns.SCENARIOS),
-        "smoke": _table(r.smoke, columns.SMOKE),
-        "logits": _table(r.logits, columns.LOGITS),
-        "layers": _table(r.layers, columns.LAYERS),
-        "matrix": _matrix(r),
-        "noise_floor": _noise_floor(r),
-        "environment": _table(r.environment if len(r.environment.columns) > 1 else None, {}),
-        "architecture": [_architecture(model, arch) for model, arch in r.architecture.items()],
-        "gates": _gates(r),
-    }
-    if blocks["environment"]:
-        blocks["environment"] += weights_lines(r.info, r.reference)
-    if blocks["parity"] and "tf_excess" in r.parity.columns:
-        blocks["parity"].append(precision_lines(r.parity))
-    if blocks["first_step"]:
-        blocks["first_step"].append(first_step_totals(r.parity))
-        blocks["first_step"] += cut_note(r, "first_step", "ORDER BY rel_err DESC")
-    if blocks["sequences"]:
-        blocks["sequences"].append(sequence_totals(r.parity))
-        blocks["sequences"] += cut_note(r, "divergences", "ORDER BY kind, first_divergence")
-    out = {key: Section(key, TITLES[key], blocks[key]) for key in TITLES}
-    if r.verdicts is None:
-        out["gates"] = Section("gates", TITLES["gates"], [], absent=r.verdict_line)
-    else:
-        out["gates"] = Section("gates", f"{TITLES['gates']}: {'PASS' if r.gates_passed else 'FAIL'}", blocks["gates"])
-    return out
-
-
-def _table(frame: pl.DataFrame | None, cols: Mapping[str, str], **kwargs: Any) -> list[Block]:
-    if frame is None or frame.is_empty():
+@register("first_step", "First step per prompt", chapter=ACCURACY, columns=columns.FIRST_STEP)
+def _first_step(r: RunReport, spec: SectionSpec) -> list[Block]:
+    blocks = spec.table(r.first_step, worst=("rel_err", True))
+    if not blocks:
         return []
-    return [Table(frame, cols or {c: c for c in frame.columns}, **kwargs)]
+    return [*blocks, first_step_totals(r.parity), *cut_note(r, "first_step", "ORDER BY rel_err DESC")]
 
 
-def _matrix(r: RunReport) -> list[Block]:
+@register("sequences", "Full sequences (greedy)", chapter=ACCURACY, columns=columns.SEQUENCES)
+def _sequences(r: RunReport, spec: SectionSpec) -> list[Block]:
+    wrap = ("ref_text", "cand_text", "prompt")
+    blocks = spec.table(r.sequences, worst=("first_divergence", False), wrap=wrap, detail=columns.SEQUENCES_DETAIL)
+    if not blocks:
+        return []
+    return [*blocks, sequence_totals(r.parity), *cut_note(r, "divergences", "ORDER BY kind, first_divergence")]
+
+
+@register("accuracy", "Task accuracy (prompts with an expected answer)", chapter=ACCURACY, columns=columns.ACCURACY)
+def _accuracy(r: RunReport, spec: SectionSpec) -> list[Block]:
+    return spec.table(r.accuracy)
+
+
+@register("throughput", "Throughput and latency per target (parity runs, engine-side timestamps)",
+          chapter=PERFORMANCE, columns=columns.THROUGHPUT)  # fmt: skip
+def _throughput(r: RunReport, spec: SectionSpec) -> list[Block]:
+    return spec.table(r.throughput)
+
+
+@register("scenarios", "Performance scenarios (client-side timestamps, streaming)", chapter=PERFORMANCE,
+          columns=columns.SCENARIOS)  # fmt: skip
+def _scenarios(r: RunReport, spec: SectionSpec) -> list[Block]:
+    blocks = spec.table(r.scenarios)
+    return [*blocks, conditions(r.info)] if blocks else []
+
+
+@register("smoke", "Smoke checks", chapter=PERFORMANCE, columns=columns.SMOKE)
+def _smoke(r: RunReport, spec: SectionSpec) -> list[Block]:
+    return spec.table(r.smoke)
+
+
+@register("logits", "Full-distribution probe (full vocabulary, vs reference)", chapter=ACCURACY,
+          columns=columns.LOGITS)  # fmt: skip
+def _logits(r: RunReport, spec: SectionSpec) -> list[Block]:
+    return spec.table(r.logits)
+
+
+@register("layers", "Layer-wise probe (error growth across depth, vs reference)", chapter=ACCURACY,
+          columns=columns.LAYERS)  # fmt: skip
+def _layers(r: RunReport, spec: SectionSpec) -> list[Block]:
+    return spec.table(r.layers)
+
+
+@register("matrix", "Feature matrix", chapter=ACCURACY, columns=columns.MATRIX)
+def _matrix(r: RunReport, spec: SectionSpec) -> list[Block]:
     if r.matrix is None:
         return []
     pairs = r.consistency if r.consistency is not None and r.consistency.height else None
     return [
-        Table(r.matrix, columns.MATRIX),
+        *spec.table(r.matrix),
         "Greedy self-consistency between variants differing in one setting (must be identical):",
         Table(pairs, columns.CONSISTENCY) if pairs is not None else "no two variants differ in exactly one setting",
     ]
 
 
-def _noise_floor(r: RunReport) -> list[Block]:
+@register("noise_floor", "Noise floor (each repeated target against itself)", chapter=ACCURACY,
+          columns=columns.NOISE_FLOOR)  # fmt: skip
+def _noise_floor(r: RunReport, spec: SectionSpec) -> list[Block]:
     """The floor, and what it says about each candidate's distance from the reference."""
     if r.noise_floor is None or r.noise_floor.is_empty():
         return []
@@ -142,7 +114,7 @@ def _noise_floor(r: RunReport) -> list[Block]:
             lines.append(f"{where}: TF max |dlogp| to the reference {_g(to_ref)} is within its own noise {_g(floor)}.")
         else:
             lines.append(f"{where}: TF max |dlogp| to the reference {_g(to_ref)}; its own noise is {_g(floor)}.")
-    return [Table(r.noise_floor, columns.NOISE_FLOOR), lines]
+    return [*spec.table(r.noise_floor), lines]
 
 
 def _architecture(model: str, arch: dict[str, Any]) -> Block:
@@ -153,13 +125,50 @@ def _architecture(model: str, arch: dict[str, Any]) -> Block:
     return Table(frame, columns.ARCHITECTURE, title=model)
 
 
-def _gates(r: RunReport) -> list[Block]:
+@register("environment", "Environment and provenance", chapter="environment")
+def _environment(r: RunReport, spec: SectionSpec) -> list[Block]:
+    blocks = spec.table(r.environment if len(r.environment.columns) > 1 else None)
+    return blocks + weights_lines(r.info, r.reference) if blocks else []
+
+
+@register("architecture", "Model architecture", chapter="architecture", columns=columns.ARCHITECTURE)
+def _architectures(r: RunReport, spec: SectionSpec) -> list[Block]:
+    return [_architecture(model, arch) for model, arch in r.architecture.items()]
+
+
+@register("gates", "Gates", chapter="Conclusion", columns=columns.VERDICTS, absent=NO_VERDICT)
+def _gates(r: RunReport, spec: SectionSpec) -> list[Block]:
     if r.verdicts is None:
         return []
     verdicts = r.verdicts.sort(pl.col("verdict") != "FAIL", "model", "target", "gate", maintain_order=True)
     # The evidence (a Polars expression per check) is as long as the rest of the row: a table of its own.
     evidence = Table(verdicts, columns.EVIDENCE, title=EVIDENCE, code=("evidence",), fold=True)
-    return [r.verdict_line, Table(verdicts, columns.VERDICTS), evidence]
+    return [r.verdict_line, *spec.table(verdicts), evidence]
+
+
+def sections(report: RunReport, *, standard: bool = True) -> dict[str, Section]:
+    """Every standard section built for `report`, by key, in registration order (the text
+    summary's); `standard=False`: every registered section, those only layouts place included."""
+    out = {key: spec.section(report) for key, spec in SECTIONS.items() if spec.standard or not standard}
+    if "gates" in out and report.verdicts is not None:  # the verdict in the title: a reader scanning headings
+        gates = out["gates"]
+        out["gates"] = Section(gates.key, f"{gates.title}: {'PASS' if report.gates_passed else 'FAIL'}", gates.blocks)
+    return out
+
+
+def conditions(info: Mapping[str, Any]) -> list[str]:
+    """Each perf scenario's test conditions, and which targets loaded dummy weights (their speed is
+    a real figure, their outputs are not)."""
+    manifest = info.get("manifest_resolved") or {}
+    out = [
+        f"{s['name']}: {s['num_requests']} requests per level at concurrency {s['concurrency']}, "
+        + (f"{s['input_tokens']} input tokens" if s.get("input_tokens") else f"prompts of set {s['prompt_set']}")
+        + f", {s['output_tokens']} output tokens (ignore_eos), warm-up {s['warmup_requests']}"
+        for s in manifest.get("perf", [])
+    ]
+    targets = manifest.get("targets", [])
+    dummies = [t["name"] for t in targets if (t.get("engine_args") or {}).get("load_format") == "dummy"]
+    return out + ([f"dummy-weight targets (load_format: dummy): {', '.join(dummies)}"] if dummies else [])
 
 
 def _g(value: float | None, *, scale: float = 1.0) -> str:

@@ -12,8 +12,8 @@ import polars as pl
 
 from fleet.analysis.gates import expected_pairs
 from fleet.report import columns
+from fleet.report.blocks import Section, Table
 from fleet.report.model import RunReport
-from fleet.report.sections import Section, Table
 
 TITLE = "Summary"
 NO_GATES, REFERENCE = "no gates", "reference"  # the verdict of a target no gate checked

@@ -2,17 +2,17 @@
 files and run.json alone (fleet.report.model).
 
 It is Markdown, so a summary pastes straight into an adaptation report: the verdict and the summary
-table first (fleet.report.summary), then every section of fleet.report.sections in its order
-(after the seed report's own sections, fleet.report.seeds, when the manifest names a layout), each
+table first (fleet.report.summary), then every standard section (fleet.report.sections) in its order
+(after the seed report's own sections, fleet.report.layouts, when the manifest names a layout), each
 table whole, long cells cut at TEXT_CELL characters.
 """
 
 from __future__ import annotations
 
 from fleet.report import markdown, summary
+from fleet.report.layouts import seed_sections
 from fleet.report.model import RunReport
 from fleet.report.sections import sections
-from fleet.report.seeds import seed_sections
 
 TEXT_CELL = 80  # characters of a cell (generated text) before it is cut with …
 
