@@ -105,7 +105,7 @@ def test_schema_2_runs_read_with_run_id_and_refuse_resume(tmp_path: Path) -> Non
         pq.write_table(table, old)
         file.unlink()
     catalog.record_verdict(run, "PASS")
-    store_info = reader.read_info(run) | {"schema_version": 2}
+    store_info = reader.read_info(run).stored | {"schema_version": 2}
     (run / "run.json").write_text(json.dumps(store_info))
     requests = reader.load(run)["requests"].collect()
     assert requests["run_id"].unique().to_list() == ["old"] and requests.height == 4

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -64,8 +65,7 @@ def test_every_layout_loads_and_places_registered_sections() -> None:
 def test_a_layout_renames_headers_and_keeps_the_figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = write_run(tmp_path / "r", {"cand": DIVERGED, "good": SAME})
     report = RunReport.build(run)
-    manifest = (report.info.get("manifest_resolved") or {}) | {"report": {"layout": "x"}}
-    info = report.info | {"manifest_resolved": manifest}
+    info = replace(report.info, manifest_resolved=report.info.manifest_resolved | {"report": {"layout": "x"}})
     layout = layouts.Layout.model_validate(
         {
             "title": "A seed",
@@ -77,7 +77,7 @@ def test_a_layout_renames_headers_and_keeps_the_figures(tmp_path: Path, monkeypa
         }
     )
     monkeypatch.setattr(layouts, "load", lambda name: layout)
-    shaped = layouts.seed_sections(RunReport(**{**report.__dict__, "info": info}))
+    shaped = layouts.seed_sections(replace(report, info=info))
     assert shaped is not None
     title, [precision, memory] = shaped
     assert title.startswith("A seed") and precision.key == "seed-p" and precision.title == "4.2 Precision"

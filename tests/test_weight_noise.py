@@ -79,6 +79,7 @@ def test_weight_noise_needs_safetensors_and_a_sane_size(tmp_path: Path, monkeypa
 
 def test_the_report_names_targets_that_loaded_other_weights() -> None:
     from fleet.report.sections import weights_lines
+    from fleet.results.info import RunInfo
 
     info = {
         "provenance": {
@@ -89,6 +90,7 @@ def test_the_report_names_targets_that_loaded_other_weights() -> None:
             "n/other-model": {"weights_sha256": "cccc"},  # no reference row for this model
         }
     }
-    [lines] = weights_lines(info, "ref")
+    [lines] = weights_lines(RunInfo.of(info | {"reference": "ref"}), "ref")
     assert lines[1:] == ["m/mutant: weights bbbb, not the reference's aaaa"]
-    assert weights_lines({"provenance": {"m/ref": {"weights_sha256": "aaaa"}}}, "ref") == []
+    only_ref = {"reference": "ref", "provenance": {"m/ref": {"weights_sha256": "aaaa"}}}
+    assert weights_lines(RunInfo.of(only_ref), "ref") == []

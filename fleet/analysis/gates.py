@@ -28,6 +28,7 @@ from fleet.contracts.gates import METRICS, Gate
 from fleet.contracts.inputs import load_yaml, read_text
 from fleet.contracts.messages import error_line, relevant
 from fleet.results import store
+from fleet.results.info import RunInfo
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,
@@ -157,38 +158,34 @@ def passed(verdicts: pl.DataFrame) -> bool:
     return bool((verdicts["verdict"] == "PASS").all()) if verdicts.height else True
 
 
-def from_info(info: Mapping[str, Any]) -> list[Gate]:
+def from_info(info: RunInfo) -> list[Gate]:
     """The gates recorded in run.json (the validated manifest's `gates:` section), if any."""
-    return parse((info.get("manifest_resolved") or {}).get("gates") or [], source="run.json gates")
+    return parse(info.manifest_resolved.get("gates") or [], source="run.json gates")
 
 
-def test_doubles(info: Mapping[str, Any]) -> list[str]:
+def test_doubles(info: RunInfo) -> list[str]:
     """Targets whose recorded provenance says the test double ran them (actors/test_double.py)."""
-    provenance = info.get("provenance") or {}
-    found = [key for key, p in provenance.items() if isinstance(p, dict) and p.get("device") == "test-double"]
+    found = [key for key, p in info.provenance.items() if isinstance(p, dict) and p.get("device") == "test-double"]
     return sorted({key.split("/", 1)[-1] for key in found})
 
 
-def expected_pairs(info: Mapping[str, Any]) -> list[tuple[str, str]]:
+def expected_pairs(info: RunInfo) -> list[tuple[str, str]]:
     """Every (model, target) the run's manifest asked for, from run.json; a failed one still counts."""
-    manifest = info.get("manifest_resolved") or {}
-    models = [m["name"] for m in manifest.get("models", [])]
-    return [(m, t["name"]) for m in models for t in manifest.get("targets", [])]
+    return [(m, t["name"]) for m in info.model_names for t in info.targets]
 
 
-def incomplete(info: Mapping[str, Any], requests: pl.DataFrame) -> dict[tuple[str, str], str]:
+def incomplete(info: RunInfo, requests: pl.DataFrame) -> dict[tuple[str, str], str]:
     """(model, target) -> why its results are incomplete: the target failed or was not run, some
     of its shards (or probes, or perf levels) failed, or it lacks prompts the reference answered.
     A failed reference leaves every candidate of its model incomplete: their rows are not compared."""
-    reference = info["reference"]
-    manifest = info.get("manifest_resolved") or {}
-    models = {m["name"] for m in manifest.get("models", [])} | set(requests["model"].unique())
-    targets = {t["name"]: t for t in manifest.get("targets", [])}
+    reference = info.reference
+    models = set(info.model_names) | set(requests["model"].unique())
+    targets = {t["name"]: t for t in info.targets}
     found: dict[tuple[str, str], list[str]] = {}
-    for key, reason in (info.get("failures") or {}).items():  # "model/target"
+    for key, reason in info.failures.items():  # "model/target"
         model, _, target = key.partition("/")
         found.setdefault((model, target), []).append(f"failed: {reason}")
-    for shard in info.get("failed_shards") or {}:  # "model/target/..."
+    for shard in info.failed_shards:  # "model/target/..."
         model, _, rest = shard.partition("/")
         found.setdefault((model, rest.split("/")[0]), []).append(f"failed shard {shard}")
     # Coverage: every parity candidate answers every prompt the reference answered.
@@ -198,8 +195,8 @@ def incomplete(info: Mapping[str, Any], requests: pl.DataFrame) -> dict[tuple[st
     }
     for model in models:
         ref_prompts = answered.get((model, reference), set())
-        for name, target in targets.items():
-            if name == reference or target.get("parity") is False:
+        for name, spec in targets.items():
+            if name == reference or spec.get("parity") is False:
                 continue
             missing = len(ref_prompts - answered.get((model, name), set()))
             if missing:

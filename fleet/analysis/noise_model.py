@@ -31,6 +31,7 @@ import numpy as np
 import polars as pl
 
 from fleet.analysis.parity import CAND, RUN, Frame, split
+from fleet.results.info import RunInfo
 
 QUANTILE = 0.99
 BOOTSTRAP = 1000
@@ -53,14 +54,13 @@ class NoiseSpec:
     near_tie_nats: float | None = None  # the manifest's fixed near-tie threshold, if any
 
     @classmethod
-    def from_info(cls, info: Mapping[str, Any]) -> NoiseSpec:
-        manifest = info.get("manifest_resolved") or {}
-        parity = manifest.get("parity") or {}
-        model_dtype = {m["name"]: m.get("dtype") for m in manifest.get("models") or []}
+    def from_info(cls, info: RunInfo) -> NoiseSpec:
+        parity = info.manifest_resolved.get("parity") or {}
+        model_dtype = {m["name"]: m.get("dtype") for m in info.manifest_resolved.get("models") or []}
         dtypes = {
             (model, t["name"]): dtype or t.get("dtype") or "bfloat16"
             for model, dtype in model_dtype.items()
-            for t in manifest.get("targets") or []
+            for t in info.targets
         }
         allowance = DEFAULT_ALLOWANCE | dict(parity.get("allowance") or {})
         return cls(dtypes, allowance, parity.get("near_tie_nats"))

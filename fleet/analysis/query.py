@@ -117,7 +117,7 @@ def _settings(run_dir: str | Path) -> Settings | None:
     if fs.get_file_info(f"{root}/{RUN_JSON}").type == pafs.FileType.NotFound:
         return None
     info = reader.read_info(run_dir)
-    return Settings(str(info["reference"]), NoiseSpec.from_info(info))
+    return Settings(info.reference, NoiseSpec.from_info(info))
 
 
 def context(run_dir: str | Path, *, sql: str = "") -> pl.SQLContext[pl.LazyFrame]:
@@ -144,7 +144,7 @@ def _derived(name: str, stored: Tables, settings: Settings | None, run_dir: str 
 
 
 def _run_id(run_dir: str | Path) -> str:
-    return str(reader.read_info(run_dir).get("run_id") or Path(str(run_dir)).name)
+    return reader.read_info(run_dir).run_id
 
 
 def query(run_dir: str | Path, sql: str) -> pl.DataFrame:

@@ -29,6 +29,7 @@ from fleet.contracts.inputs import load_yaml, read_text
 from fleet.contracts.messages import unknown
 from fleet.report.model import RunReport, architecture
 from fleet.results import reader
+from fleet.results.info import RunInfo
 from fleet.run import driver
 
 FLAT_P = 0.01  # a flat model (default-init synthetic llama) is ~0.004; init_std 0.1 gives ~0.03
@@ -119,10 +120,10 @@ def calibrate(
             overrides=[*cut, f"targets={json.dumps(ref_target + healthy)}"],
         )  # fmt: skip
     info = reader.read_info(healthy_dir)
-    if info.get("status") != "complete":
-        msg = f"{healthy_dir}: the healthy run is {info.get('status')!r}, not complete: run it again"
+    if not info.complete:
+        msg = f"{healthy_dir}: the healthy run is {info.status!r}, not complete: run it again"
         raise UserError(msg)
-    models = [m["name"] for m in (info.get("manifest_resolved") or {}).get("models") or []]
+    models = info.model_names
     config = _config(info, models[0])  # the mutants are built from the first model's config
     mutants, meta = [], {}
     for cand in candidates:
@@ -160,7 +161,7 @@ def _chosen(asked: Sequence[str]) -> set[str]:
     return {labels[name] for name in asked} if asked else set(labels.values())
 
 
-def _config(info: dict[str, Any], model: str) -> dict[str, Any]:
+def _config(info: RunInfo, model: str) -> dict[str, Any]:
     arch = architecture(info, model)
     path = Path(arch.get("model_dir") or "/nonexistent") / "config.json"
     return json.loads(path.read_text()) if path.is_file() else {}
@@ -198,7 +199,7 @@ def _rows(run_dir: str | Path, gates: list[Any], meta: dict[str, dict[str, Any]]
                 "mutation": m.get("mutation", "none (healthy)"),
                 "family": m.get("family"),
                 "size": m.get("size"),
-                "dtype": report.info["manifest_resolved"]["targets"][_index(report.info, r["target"])].get("dtype"),
+                "dtype": report.info.targets[_index(report.info, r["target"])].get("dtype"),
                 "tf_p99_abs_logprob_diff": r.get("tf_p99_abs_logprob_diff"),
                 "noise": r.get("noise"),
                 "tf_excess": r.get("tf_excess"),
@@ -207,7 +208,7 @@ def _rows(run_dir: str | Path, gates: list[Any], meta: dict[str, dict[str, Any]]
                 "failed_gates": ", ".join(failed) or "-",
             }
         )
-    failures = report.info.get("failures") or {}
+    failures = report.info.failures
     for target, m in (meta or {}).items():  # a mutant vLLM refuses to load is no port it could ship
         reason = next((why for key, why in failures.items() if key.split("/", 1)[1] == target), None)
         if reason is not None and target not in {r["target"] for r in rows}:
@@ -218,8 +219,8 @@ def _rows(run_dir: str | Path, gates: list[Any], meta: dict[str, dict[str, Any]]
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
-def _index(info: dict[str, Any], target: str) -> int:
-    names = [t["name"] for t in info["manifest_resolved"]["targets"]]
+def _index(info: RunInfo, target: str) -> int:
+    names = [t["name"] for t in info.targets]
     return names.index(target)
 
 

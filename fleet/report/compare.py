@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
@@ -22,6 +21,7 @@ from fleet.report import columns
 from fleet.report.model import RunReport
 from fleet.report.table import markdown
 from fleet.results import reader
+from fleet.results.info import RunInfo
 
 Run = str | Path | RunReport  # a run directory (or URI), or its report already built
 
@@ -84,7 +84,7 @@ def report(run: Run) -> RunReport:
     return run if isinstance(run, RunReport) else RunReport.build(run, gates=[])
 
 
-def _info(run: Run) -> dict[str, Any]:
+def _info(run: Run) -> RunInfo:
     return run.info if isinstance(run, RunReport) else reader.read_info(run)
 
 
@@ -151,16 +151,16 @@ def provenance_changes(run_a: Run, run_b: Run) -> pl.DataFrame:
     """scope ('driver' or model/target), key, a, b: the recorded versions and devices that differ."""
     info_a, info_b = _info(run_a), _info(run_b)
     rows = []
-    scopes = {"driver": (info_a.get("driver") or {}, info_b.get("driver") or {})}
-    for key in sorted(set(info_a.get("provenance") or {}) | set(info_b.get("provenance") or {})):
-        scopes[key] = ((info_a.get("provenance") or {}).get(key, {}), (info_b.get("provenance") or {}).get(key, {}))
+    scopes = {"driver": (info_a.driver, info_b.driver)}
+    for key in sorted(set(info_a.provenance) | set(info_b.provenance)):
+        scopes[key] = (info_a.provenance.get(key, {}), info_b.provenance.get(key, {}))
     for scope, (pa_, pb_) in scopes.items():
         keys = sorted(set(pa_) | set(pb_)) if scope == "driver" else _PROVENANCE_KEYS
         rows += [(scope, k, pa_.get(k), pb_.get(k)) for k in keys if pa_.get(k) != pb_.get(k) and k != "hostname"]
     rows += [
-        ("run", k, info_a.get(k), info_b.get(k))
+        ("run", k, getattr(info_a, k), getattr(info_b, k))
         for k in ("reference", "manifest_sha256", "status")
-        if info_a.get(k) != info_b.get(k)
+        if getattr(info_a, k) != getattr(info_b, k)
     ]
     schema = {"scope": pl.String, "key": pl.String, "a": pl.String, "b": pl.String}
     return pl.DataFrame([tuple(None if v is None else str(v) for v in r) for r in rows], schema=schema, orient="row")

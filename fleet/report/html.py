@@ -137,8 +137,8 @@ def render_html(report: RunReport) -> str:
     info = report.info
     title = f"fleet-eval report: {report.run_id}"
     meta = escape(
-        f"status {info.get('status')} · started {info.get('started_at')} · finished {info.get('finished_at')} · "
-        f"manifest {info.get('manifest_path')} (sha256 {str(info.get('manifest_sha256', ''))[:12]}) · "
+        f"status {info.status} · started {info.started_at} · finished {info.finished_at} · "
+        f"manifest {info.manifest_path} (sha256 {(info.manifest_sha256 or '')[:12]}) · "
         f"reference {report.reference}"
     )
     verdict = report.verdict_line

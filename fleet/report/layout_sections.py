@@ -6,7 +6,6 @@ layout). Their column names are the seed reports' own, in English; a layout may 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import polars as pl
 
@@ -16,10 +15,6 @@ from fleet.report.model import RunReport
 from fleet.report.stages import stage_result
 
 SEED = "Seed reports"  # their chapter, should a standard report ever show one
-
-
-def _manifest(r: RunReport) -> dict[str, Any]:
-    return r.info.get("manifest_resolved") or {}
 
 
 def _pct(x: float | None, digits: int = 2) -> str:
@@ -50,10 +45,9 @@ def _layer_growth(r: RunReport, spec: SectionSpec) -> list[Block]:
         f"{f['model']} / {f['target']}: linear fit of Rel L2 over the decoder layers, R² = {f['r2']:.3f}"
         for f in growth.linear_fit(r.layers).iter_rows(named=True)
     ]
-    probe = (_manifest(r).get("probes") or {}).get("layers") or {}
+    probe = r.info.probes.get("layers") or {}
     texts = [
-        p.get("prompt") or json.dumps(p.get("messages"))
-        for p in (_manifest(r).get("prompts") or {}).get(probe.get("prompt_set"), [])
+        p.get("prompt") or json.dumps(p.get("messages")) for p in r.info.prompts.get(str(probe.get("prompt_set")), [])
     ]
     inputs = [f"Input: {t!r}; reference {r.reference} vs each candidate, layer by layer" for t in texts]
     return [inputs, *spec.table(r.layers), summary]
@@ -132,10 +126,10 @@ STAGES |= {"started": "started", "smoke": "smoke checks", "result": "result"}
           standard=False, columns=STAGES)  # fmt: skip
 def _stages(r: RunReport, spec: SectionSpec) -> list[Block]:
     """Seed 003 step 7: each candidate in manifest order, its weights, what it waited on, how it ended."""
-    failures, provenance = r.info.get("failures") or {}, r.info.get("provenance") or {}
+    failures, provenance = r.info.failures, r.info.provenance
     rows = []
     for model in r.models:
-        for t in _manifest(r).get("targets", []):
+        for t in r.info.targets:
             if t["name"] == r.reference:
                 continue
             key = f"{model}/{t['name']}"

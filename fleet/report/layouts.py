@@ -67,13 +67,9 @@ def load(name: str) -> Layout:
     return layout
 
 
-def layout_name(report: RunReport) -> str | None:
-    return ((report.info.get("manifest_resolved") or {}).get("report") or {}).get("layout")
-
-
 def seed_sections(report: RunReport) -> tuple[str, list[Section]] | None:
     """(the seed report's title, its sections) when the run's manifest names a layout, else None."""
-    name = layout_name(report)
+    name = report.info.layout
     if name is None:
         return None
     layout = load(name)

@@ -41,7 +41,7 @@ def render_markdown(report: RunReport) -> str:
     ref, info = report.reference, report.info
     by_key = sections(report)
     out = [f"# {', '.join(report.models)}: parity and performance vs `{ref}` (fleet-eval run {report.run_id})"]
-    out += ["", "## 1. Summary", "", f"**{report.verdict_line}** Run status: {info.get('status')}."]
+    out += ["", "## 1. Summary", "", f"**{report.verdict_line}** Run status: {info.status}."]
     out += ["", *(f"- {notice}" for notice in report.notices)] if report.notices else []
     out += ["", *blocks(summary.section(report).blocks, level=3, limit=None)]  # one row per target: never cut
     start = 2
@@ -58,7 +58,7 @@ def render_markdown(report: RunReport) -> str:
         out += ["", f"## {number}. {chapter}"]
         first = 1
         if chapter == "Accuracy":
-            sampling = (info.get("manifest_resolved") or {}).get("sampling") or {}
+            sampling = info.sampling
             method = METHOD.format(ref=ref, max_tokens=sampling.get("max_tokens", "?"), k=sampling.get("logprobs", "?"))
             out += ["", f"### {number}.1 Method", "", method]
             first = 2

@@ -30,6 +30,7 @@ from fleet.analysis.perf import summary as perf_summary
 from fleet.contracts.gates import PERF_COLUMNS, Gate, perf_key
 from fleet.report.svg import PALETTE
 from fleet.results import reader
+from fleet.results.info import RunInfo
 
 _CAND = ["model", "target", "prompt_set", "prompt_id"]
 # fmt: off
@@ -47,7 +48,7 @@ class RunReport:
     """Everything a report shows about one run; frames are keyed by model and target."""
 
     run_dir: str | Path
-    info: dict[str, Any]  # run.json
+    info: RunInfo  # run.json
     tables: dict[str, pl.DataFrame]  # the stored tables but tokens (the plots read requests)
     tokens: pl.LazyFrame  # the tokens table, scanned: the largest by far, never read whole
     parity: pl.DataFrame  # analysis.parity: one row per model x candidate
@@ -79,7 +80,7 @@ class RunReport:
     @classmethod
     def _build(cls, run_dir: str | Path, gates: Sequence[Gate] | None, top: int) -> RunReport:
         info = reader.read_info(run_dir)
-        ref = info["reference"]
+        ref = info.reference
         scans = reader.load(run_dir)
         tokens = scans.pop("tokens")
         # Prompt token ids and chat turns are in no figure; on a big run they are most of the requests' bytes.
@@ -87,8 +88,7 @@ class RunReport:
         t = {name: frame.collect() for name, frame in scans.items()}
         requests = t["requests"]
         accuracy = analysis.accuracy(requests, ref)
-        manifest = info.get("manifest_resolved") or {}
-        variants, repeats = manifest.get("variants") or {}, manifest.get("repeats") or {}
+        variants, repeats = info.variants, info.repeats
         spec = NoiseSpec.from_info(info)
         noise_table = noise_model.summary(tokens, ref, spec)  # the bootstrap once, for both
         per_prompt = divergence.divergences(requests, tokens, ref, spec=spec, noise_table=noise_table)
@@ -129,11 +129,11 @@ class RunReport:
 
     @property
     def reference(self) -> str:
-        return str(self.info["reference"])
+        return self.info.reference
 
     @property
     def run_id(self) -> str:
-        return str(self.info.get("run_id", self.run_dir))
+        return self.info.run_id
 
     @property
     def models(self) -> list[str]:
@@ -142,7 +142,7 @@ class RunReport:
     @property
     def complete(self) -> bool:
         """The run finished with every target and shard."""
-        return self.info.get("status") == "complete"
+        return self.info.complete
 
     @property
     def gates_passed(self) -> bool | None:
@@ -197,13 +197,13 @@ def _perf_metrics(scenarios: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(list(rows.values()))
 
 
-def notices(info: dict[str, Any], requests: pl.DataFrame) -> list[str]:
+def notices(info: RunInfo, requests: pl.DataFrame) -> list[str]:
     """Lines a reader must see before trusting the figures: failures, retries, test doubles, mixed weights."""
-    out = [f"FAILED {key}: {reason}" for key, reason in (info.get("failures") or {}).items()]
-    out += [f"FAILED shard {shard}: {reason}" for shard, reason in (info.get("failed_shards") or {}).items()]
-    if info.get("retries"):
-        out.append(f"retried calls: {info['retries']} (faults survived; rows are written once per shard)")
-    doubles = [k for k, p in (info.get("provenance") or {}).items() if (p or {}).get("device") == "test-double"]
+    out = [f"FAILED {key}: {reason}" for key, reason in info.failures.items()]
+    out += [f"FAILED shard {shard}: {reason}" for shard, reason in info.failed_shards.items()]
+    if info.retries:
+        out.append(f"retried calls: {info.retries} (faults survived; rows are written once per shard)")
+    doubles = [k for k, p in info.provenance.items() if (p or {}).get("device") == "test-double"]
     if doubles:
         out.append(f"TEST DOUBLE targets (no model ran; figures are meaningless): {', '.join(doubles)}")
     weights = requests.group_by("model", maintain_order=True).agg(pl.col("model_weights").unique())
@@ -213,9 +213,9 @@ def notices(info: dict[str, Any], requests: pl.DataFrame) -> list[str]:
     return out
 
 
-def architecture(info: dict[str, Any], model: str) -> dict[str, Any]:
+def architecture(info: RunInfo, model: str) -> dict[str, Any]:
     """Selected config.json fields of `model` (model_dir from run.json provenance), plus its parameter count."""
-    for key, prov in (info.get("provenance") or {}).items():
+    for key, prov in info.provenance.items():
         model_dir = Path(prov.get("model_dir") or "/nonexistent")
         if key.split("/")[0] == model and (model_dir / "config.json").is_file():
             config = json.loads((model_dir / "config.json").read_text())
@@ -238,17 +238,16 @@ def _parameters(model_dir: Path) -> str | None:
     return f"{total / 1e9:.2f}B" if total >= 1e9 else f"{total / 1e6:.1f}M" if total >= 1e6 else f"{total:,}"
 
 
-def _models(info: dict[str, Any], requests: pl.DataFrame) -> list[str]:
+def _models(info: RunInfo, requests: pl.DataFrame) -> list[str]:
     """The manifest's models in its order, then any other with results."""
-    named = [m["name"] for m in (info.get("manifest_resolved") or {}).get("models", [])]
-    return list(dict.fromkeys([*named, *requests["model"].unique(maintain_order=True).to_list()]))
+    return list(dict.fromkeys([*info.model_names, *requests["model"].unique(maintain_order=True).to_list()]))
 
 
-def _colors(info: dict[str, Any], tables: dict[str, pl.DataFrame]) -> dict[str, str]:
+def _colors(info: RunInfo, tables: dict[str, pl.DataFrame]) -> dict[str, str]:
     """One colour per target for every plot: the reference first, then the manifest's order."""
-    named = [t["name"] for t in (info.get("manifest_resolved") or {}).get("targets", [])]
+    named = [t["name"] for t in info.targets]
     seen = sorted({t for frame in tables.values() if "target" in frame.columns for t in frame["target"].unique()})
-    targets = list(dict.fromkeys([info["reference"], *named, *seen]))
+    targets = list(dict.fromkeys([info.reference, *named, *seen]))
     return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(targets)}
 
 
@@ -271,9 +270,9 @@ def _sequences(requests: pl.DataFrame, reference: str) -> pl.DataFrame:
     )
 
 
-def _environment(info: dict[str, Any]) -> pl.DataFrame:
+def _environment(info: RunInfo) -> pl.DataFrame:
     """One row per provenance key (versions, device, host, weights sha), one column per model/target."""
-    prov = info.get("provenance") or {}
+    prov = info.provenance
     keys = list(dict.fromkeys(k for p in prov.values() for k in p if k != "model_dir"))
     data = {"component": keys} | {name: [str(p.get(k, "—")) for k in keys] for name, p in prov.items()}
     return pl.DataFrame(data, schema=dict.fromkeys(data, pl.String))
@@ -289,14 +288,14 @@ def _consistency(requests: pl.DataFrame, variants: dict[str, dict[str, Any]]) ->
 
 
 def _matrix(
-    info: dict[str, Any],
+    info: RunInfo,
     requests: pl.DataFrame,
     throughput: pl.DataFrame,
     verdicts: pl.DataFrame | None,
     variants: dict[str, dict[str, Any]],
 ) -> pl.DataFrame:
     """The feature matrix, per model x variant: did it start, did it pass its gates, its throughput."""
-    failures, provenance = info.get("failures") or {}, info.get("provenance") or {}
+    failures, provenance = info.failures, info.provenance
     rows = []
     for model in sorted({k.split("/")[0] for k in provenance} | set(requests["model"].unique())):
         for name, variant in variants.items():

@@ -6,7 +6,6 @@ fleet.analysis, the sentences around them are here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import polars as pl
@@ -14,6 +13,7 @@ import polars as pl
 from fleet.report import columns
 from fleet.report.blocks import SECTIONS, Block, Section, SectionSpec, Table, register
 from fleet.report.model import NO_VERDICT, RunReport
+from fleet.results.info import RunInfo
 
 EVIDENCE = "Evidence: each check's value recomputed from the run's tables (a Polars expression)"
 ACCURACY, PERFORMANCE = "Accuracy", "Performance"  # Markdown chapters
@@ -156,18 +156,16 @@ def sections(report: RunReport, *, standard: bool = True) -> dict[str, Section]:
     return out
 
 
-def conditions(info: Mapping[str, Any]) -> list[str]:
+def conditions(info: RunInfo) -> list[str]:
     """Each perf scenario's test conditions, and which targets loaded dummy weights (their speed is
     a real figure, their outputs are not)."""
-    manifest = info.get("manifest_resolved") or {}
     out = [
         f"{s['name']}: {s['num_requests']} requests per level at concurrency {s['concurrency']}, "
         + (f"{s['input_tokens']} input tokens" if s.get("input_tokens") else f"prompts of set {s['prompt_set']}")
         + f", {s['output_tokens']} output tokens (ignore_eos), warm-up {s['warmup_requests']}"
-        for s in manifest.get("perf", [])
+        for s in info.perf
     ]
-    targets = manifest.get("targets", [])
-    dummies = [t["name"] for t in targets if (t.get("engine_args") or {}).get("load_format") == "dummy"]
+    dummies = [t["name"] for t in info.targets if (t.get("engine_args") or {}).get("load_format") == "dummy"]
     return out + ([f"dummy-weight targets (load_format: dummy): {', '.join(dummies)}"] if dummies else [])
 
 
@@ -191,10 +189,10 @@ def cut_note(r: RunReport, table: str, order: str) -> list[Block]:
     ]
 
 
-def weights_lines(info: Mapping[str, Any], reference: str | None) -> list[Block]:
+def weights_lines(info: RunInfo, reference: str | None) -> list[Block]:
     """Targets that loaded other weights than the reference did for the same model (a calibrate
     mutant's weight_noise, a different checkpoint behind one name): their parity is not a port's."""
-    prov = info.get("provenance") or {}
+    prov = info.provenance
     lines = []
     for key, facts in prov.items():
         model, target = key.split("/", 1)

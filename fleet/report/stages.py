@@ -32,11 +32,11 @@ def stage_result(report: RunReport, model: str, target: str) -> str:
     """How a target ended: its failure, its failed shards, "gates failed", "not run", or "passed"
     (it ran, nothing of it failed and every gate that checks it passed)."""
     key, info = f"{model}/{target}", report.info
-    if key in (failures := info.get("failures") or {}):
-        return str(failures[key])
-    if shards := sorted(s for s in info.get("failed_shards") or {} if s.startswith(f"{key}/")):
+    if key in info.failures:
+        return info.failures[key]
+    if shards := sorted(s for s in info.failed_shards if s.startswith(f"{key}/")):
         return f"failed: {', '.join(shards)}"
-    if key not in (info.get("provenance") or {}):
+    if key not in info.provenance:
         return "not run"
     mine = (
         report.verdicts.filter((pl.col("model") == model) & (pl.col("target") == target))

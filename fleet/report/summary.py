@@ -56,7 +56,7 @@ def perf_scenario(report: RunReport) -> str | None:
     """The scenario whose figures the summary shows: the manifest's first that ran; None: none ran."""
     if report.scenarios is None or report.scenarios.is_empty():
         return None
-    named = [s["name"] for s in (report.info.get("manifest_resolved") or {}).get("perf", [])]
+    named = [s["name"] for s in report.info.perf]
     ran = report.scenarios["scenario"].unique(maintain_order=True).to_list()
     return next((s for s in named if s in ran), ran[0])
 

@@ -23,8 +23,8 @@ def render(report: RunReport) -> str:
     out = [
         f"# fleet-eval run {report.run_id}",
         "",
-        f"status: {info.get('status')}  started: {info.get('started_at')}  finished: {info.get('finished_at')}",
-        f"manifest: {info.get('manifest_path')} (sha256 {str(info.get('manifest_sha256', ''))[:12]})",
+        f"status: {info.status}  started: {info.started_at}  finished: {info.finished_at}",
+        f"manifest: {info.manifest_path} (sha256 {(info.manifest_sha256 or '')[:12]})",
         f"reference: {report.reference}",
     ]
     out += ["", *(f"- {notice}" for notice in report.notices)] if report.notices else []

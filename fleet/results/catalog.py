@@ -16,6 +16,7 @@ import pyarrow.fs as pafs
 
 from fleet.contracts.errors import UserError
 from fleet.results import reader, store
+from fleet.results.info import RunInfo
 from fleet.results.store import RUN_JSON
 
 RUNS_SCHEMA = {
@@ -54,18 +55,17 @@ def runs(results_root: str | Path) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=RUNS_SCHEMA).sort("started_at", nulls_last=True)
 
 
-def _summary(info: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
-    manifest = info.get("manifest_resolved") or {}
+def _summary(info: RunInfo, run_dir: str | Path) -> dict[str, Any]:
     return {
-        "run_id": str(info.get("run_id") or Path(str(run_dir)).name),
-        "status": info.get("status"),
-        "models": ", ".join(m["name"] for m in manifest.get("models", [])),
-        "targets": ", ".join(t["name"] for t in manifest.get("targets", [])),
-        "reference": info.get("reference"),
-        "gates": info.get("gates", "not recorded"),
-        "started_at": info.get("started_at"),
-        "finished_at": info.get("finished_at"),
-        "schema_version": info.get("schema_version"),
+        "run_id": info.run_id,
+        "status": info.status,
+        "models": ", ".join(info.model_names),
+        "targets": ", ".join(t["name"] for t in info.targets),
+        "reference": info.reference,
+        "gates": info.gates or "not recorded",
+        "started_at": info.started_at,
+        "finished_at": info.finished_at,
+        "schema_version": info.schema_version,
         "run_dir": str(run_dir),
     }
 

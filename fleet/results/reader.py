@@ -24,15 +24,16 @@ from fleet.contracts import schema
 from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import cut
 from fleet.results import store
+from fleet.results.info import RunInfo
 from fleet.results.store import RUN_JSON, RunStore
 
 
-def read_info(run_dir: str | Path) -> dict[str, Any]:
+def read_info(run_dir: str | Path) -> RunInfo:
     """run.json of a local run directory or of a URI (s3://bucket/prefix/run_id), checked for what
-    every reader relies on: a JSON object naming its reference, with the manifest it ran."""
+    every reader relies on (fleet.results.info.RunInfo)."""
     where = f"{cut(str(run_dir), 200)}/{RUN_JSON}"
     try:
-        info = RunStore(run_dir).info()
+        stored = RunStore(run_dir).info()
     except FileNotFoundError:
         msg = f"{cut(str(run_dir), 200)}: not a run directory (no {RUN_JSON})"
         raise UserError(msg) from None
@@ -45,32 +46,7 @@ def read_info(run_dir: str | Path) -> dict[str, Any]:
     except (OSError, ValueError) as e:  # ValueError: a NUL in the path
         msg = f"{where}: cannot read it: {cut(str(e), 120)}"
         raise UserError(msg) from None
-    if not isinstance(info, dict):
-        msg = f"{where}: expected a JSON object, got {type(info).__name__}"
-        raise UserError(msg)
-    for key, kind in _INFO_FIELDS.items():
-        if key in _INFO_REQUIRED and key not in info:
-            msg = f"{where}: no {key!r}; the run directory is damaged or not fleet-eval's"
-            raise UserError(msg)
-        if key in info and info[key] is not None and not isinstance(info[key], kind):
-            msg = f"{where}: {key} is a {type(info[key]).__name__}, expected a {kind.__name__}"
-            raise UserError(msg)
-    return info
-
-
-# run.json fields the readers use, by type; the reference must be there.
-_INFO_REQUIRED = ("reference",)
-_INFO_FIELDS: dict[str, type] = {
-    "reference": str,
-    "manifest_resolved": dict,
-    "provenance": dict,
-    "failures": dict,
-    "failed_shards": dict,
-    "models": dict,
-    "driver": dict,
-    "status": str,
-    "resumed_at": list,
-}
+    return RunInfo.parse(stored, where=where, run_dir=run_dir)
 
 
 _PANIC: type[BaseException] = getattr(pl.exceptions, "PanicException", pl.exceptions.ComputeError)

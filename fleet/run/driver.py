@@ -27,6 +27,7 @@ from fleet.contracts.schema import SCHEMA_VERSION
 from fleet.contracts.spec import Shard
 from fleet.contracts.targets import SOURCE_PREFLIGHT, engine_side
 from fleet.results import reader
+from fleet.results.info import RunInfo
 from fleet.results.store import RUN_JSON, RunStore, join, now
 from fleet.run import manifest as manifest_mod
 from fleet.run.placement import check_fits
@@ -184,7 +185,7 @@ def resume(
     store, info, manifest, todo, perf_todo, probes_todo = check_resume(run_dir)
     with _ray(ray_address, verbose=verbose, num_cpus=num_cpus) as cluster:
         _check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
-        store.update_info(status="running", resumed_at=[*info.get("resumed_at", []), now()])
+        store.update_info(status="running", resumed_at=[*info.resumed_at, now()])
         outcome = _execute(
             manifest,
             todo,
@@ -201,21 +202,21 @@ def resume(
 
 def check_resume(
     run_dir: str | Path,
-) -> tuple[RunStore, dict[str, Any], manifest_mod.Manifest, list[Shard], list[PerfRun], list[ProbeRun]]:
+) -> tuple[RunStore, RunInfo, manifest_mod.Manifest, list[Shard], list[PerfRun], list[ProbeRun]]:
     """Everything `resume` does before Ray starts (`fleet run --check --resume`): run.json, the
     manifest recorded in it, and the work still to do, read from the stored tables."""
     with _storage(run_dir):
         info = reader.read_info(run_dir)
         store = RunStore(run_dir)
     where = join(run_dir, RUN_JSON)
-    if info.get("schema_version") != SCHEMA_VERSION:
-        msg = f"{cut(str(run_dir), 200)}: written with schema version {clip(info.get('schema_version'), 40)}; "
+    if info.schema_version != SCHEMA_VERSION:
+        msg = f"{cut(str(run_dir), 200)}: written with schema version {clip(info.schema_version, 40)}; "
         msg += f"this fleet-eval writes {SCHEMA_VERSION} and cannot add to it (report, compare and query still read it)"
         raise UserError(msg)
     try:
-        manifest = manifest_mod.Manifest.model_validate(info.get("manifest_resolved"))
+        manifest = manifest_mod.Manifest.model_validate(info.manifest_resolved)
     except ValidationError as e:
-        raise UserError(manifest_mod.format_error(where, info.get("manifest_resolved"), e)) from None
+        raise UserError(manifest_mod.format_error(where, info.manifest_resolved, e)) from None
     with _storage(run_dir), reader.decoding(run_dir):
         done, perf_done = store.completed_shards(), store.completed_perf()
         probes_done = {ProbeRun(*key) for key in store.completed_probes()}
@@ -265,12 +266,11 @@ def _execute(
     cluster: dict[str, float],
     *,
     progress: bool,
-    before: dict[str, Any] | None = None,
+    before: RunInfo | None = None,
     failed_before_start: dict[str, str] | None = None,
     gates_of: GateCheck | None = None,
 ) -> Outcome:
     """Dispatch shards and perf levels, then record in run.json how it ended (also when interrupted)."""
-    before = before or {}
     status, outcome = "interrupted", Outcome()
     try:
         planned = Counter(s.model for s in shards) + Counter(p.model for p in perf)
@@ -282,11 +282,11 @@ def _execute(
         store.update_info(
             status=status,
             finished_at=now(),
-            provenance=before.get("provenance", {}) | outcome.provenance,
+            provenance=(before.provenance if before else {}) | outcome.provenance,
             failures=outcome.failures,
             failed_shards=outcome.failed_shards,
-            retries=before.get("retries", 0) + outcome.retries,
-            models=before.get("models", {}) | outcome.timeline,
+            retries=(before.retries if before else 0) + outcome.retries,
+            models=(before.timeline if before else {}) | outcome.timeline,
             cluster=_cluster(),
         )
     return outcome
