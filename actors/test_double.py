@@ -146,10 +146,14 @@ class TestDoubleEngine(Engine):
         return schema.conform(table, schema.SCORES)
 
     def describe(self) -> dict[str, str]:
+        import os
         import platform
         import socket
 
-        return {"hostname": socket.gethostname(), "device": "test-double", "python": platform.python_version()}
+        # The cards this process was given, as a real engine records them: placement tests read it.
+        visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES") or ""
+        facts = {"hostname": socket.gethostname(), "device": "test-double", "python": platform.python_version()}
+        return facts | {"visible_devices": visible}
 
     def shutdown(self) -> None:
         pass

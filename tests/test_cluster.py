@@ -1,10 +1,11 @@
 """Placement on a simulated multi-node cluster: 2 nodes x 8 `NPU` slots (ray.cluster_utils.Cluster,
 the way Ray tests itself), engines on CPU. Run in a subprocess: a process holds one Ray.
 
-Real HF engines (synthetic weights) take the one-card targets; the tensor- and pipeline-parallel
-targets use the labelled test-double backend: they test the reservation and its hand-over to
-vLLM's Ray executor, which vLLM's CPU backend cannot run (no Ray device). Real CPU tensor
-parallelism is tested in tests/test_multicard.py.
+Every target is the labelled test-double backend: what is tested is where actors land, which card
+ids they see and the reservation's hand-over to vLLM's Ray executor (which vLLM's CPU backend
+cannot run: no Ray device), not the engines (six model loads were most of this file's time). Real
+engines are placed on a real Ray in tests/test_engine_run.py, and real CPU tensor parallelism is
+tested in tests/test_multicard.py.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ MANIFEST = textwrap.dedent(
         - {{id: a, prompt: "The capital of France is"}}
         - {{id: b, prompt: "Quantum computing is"}}
     targets:
-      - {{name: ref, kind: hf, dtype: float32, num_cpus: 0.25, resources: {{NPU: 1}}}}
-      - {{name: bf16, kind: hf, dtype: bfloat16, num_cpus: 0.25, resources: {{NPU: 1}}}}
+      - {{name: ref, kind: test-double, num_cpus: 0.25, resources: {{NPU: 1}}}}
+      - {{name: bf16, kind: test-double, num_cpus: 0.25, resources: {{NPU: 1}}}}
       - {{name: tp4, kind: test-double, device: npu, tensor_parallel_size: 4, num_cpus: 0.25}}
     reference: ref
     sampling: {{max_tokens: 4, logprobs: 3}}
