@@ -131,9 +131,10 @@ def turns_note(manifest: Manifest, cluster: dict[str, float]) -> str | None:
     ref = manifest.reference
     need = add(footprint(manifest.target(ref)), footprint(manifest.target(names[0])))
     have = {k: cluster.get(k, 0.0) for k in need}
+    which = ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
     return (
-        f"taking turns: {ref} and {', '.join(names)} cannot run at once ({ref} + {names[0]} need {need}, the "
-        f"cluster has {have}); each model's candidates generate first, their rows staged, then {ref} scores them"
+        f"taking turns: {ref} and {which} cannot run at once ({ref} + {names[0]} need {need}, the cluster "
+        f"has {have}); each model's candidates generate first, their rows staged, then {ref} scores them"
     )
 
 
