@@ -20,13 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from test_faults import assert_exactly_once, assert_no_actors_left, write_manifest
-from test_scheduler import MANIFEST, MODELS, SHARDS_PER_TARGET, Cluster, DriverKilled, fake_ray, run, tables
+from test_scheduler import MANIFEST, MODELS, SHARDS_PER_TARGET, Cluster, DriverKilled, _row, fake_ray, run, tables
 
 from fleet.analysis import query
+from fleet.contracts.engine import Generation
 from fleet.results import reader
+from fleet.results.staging import Staging
+from fleet.results.store import RunStore
 from fleet.run import driver
 from fleet.run.placement import check_fits, reservation, takes_turns
 
@@ -80,6 +84,39 @@ def test_the_check_takes_turns_and_refuses_only_a_target_that_fits_nowhere(tmp_p
     check_fits(m, {"CPU": 6.0}, [{"CPU": 6.0}])
     with pytest.raises(RuntimeError, match=r"target 'vl' alone needs \{'CPU': 5.5\}; the cluster has \{'CPU': 5.0\}"):
         check_fits(m, {"CPU": 5.0})
+
+
+def generation(shard_id: str, tokens: int) -> Generation:
+    """A candidate shard of one prompt with `tokens` token rows."""
+    model, target, prompt_set, _ = shard_id.split("/")
+    keys = {"model": model, "model_weights": "w", "target": target, "prompt_set": prompt_set, "shard_id": shard_id}
+    rows = pa.concat_tables([_row("tokens", **keys, prompt_id="a", position=i) for i in range(max(tokens, 1))])
+    return Generation(_row("requests", **keys, prompt_id="a"), rows.slice(0, tokens), _row("shards", **keys))
+
+
+def test_staging_keeps_whole_shards_and_resume_removes_the_rest(tmp_path: Path) -> None:
+    store = RunStore.create(tmp_path / "run", {"run_id": "run", "reference": "ref"})
+    staging = Staging(store)
+    whole, empty, cut, committed = (f"m/c/p/{i:05d}" for i in range(4))
+    assert staging.put(generation(whole, 3)) == "w"
+    staging.put(generation(empty, 0))  # no token rows: its tokens file is stored under weights "none"
+    staging.put(generation(committed, 1))
+    store.write("requests", cut, generation(cut, 1).requests, staged=True)  # killed while staging it
+    (tmp_path / "run" / ".staging" / ".requests.parquet.tmp").write_bytes(b"half a file")
+    got = staging.get(whole, "w")
+    assert (got.requests.num_rows, got.tokens.num_rows, got.shard.column("shard_id")[0].as_py()) == (1, 3, whole)
+    assert staging.get(empty, "w").tokens.num_rows == 0
+    assert {name: frame.collect().height for name, frame in reader.load(tmp_path / "run").items()}["tokens"] == 0
+    assert not [name for name in query.tables(tmp_path / "run") if "stag" in name]
+
+    # Resume: `committed` has its shards row; `cut` was never whole.
+    assert staging.recover({whole, empty, cut}) == {whole: "w", empty: "w"}
+    left = sorted(p.name for p in (tmp_path / "run" / ".staging").glob("**/*") if p.is_file())
+    assert left == ["p-00000.parquet"] * 3 + ["p-00001.parquet"] * 3
+    staging.drop(whole, "w")
+    staging.drop(empty, "w")
+    staging.tidy()
+    assert not (tmp_path / "run" / ".staging").exists()
 
 
 def test_targets_that_cannot_share_the_cluster_take_turns_with_the_same_rows(
