@@ -131,10 +131,10 @@ def turns_note(manifest: Manifest, cluster: dict[str, float]) -> str | None:
     ref = manifest.reference
     need = add(footprint(manifest.target(ref)), footprint(manifest.target(names[0])))
     have = {k: cluster.get(k, 0.0) for k in need}
-    which = ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+    more = f" ({len(names)} candidates do not fit beside {ref})" if len(names) > 1 else ""
     return (
-        f"taking turns: {ref} and {which} cannot run at once ({ref} + {names[0]} need {need}, the cluster "
-        f"has {have}); each model's candidates generate first, their rows staged, then {ref} scores them"
+        f"taking turns: {ref} + {names[0]} need {need} at once, the cluster has {have}{more}; each model's "
+        f"candidates generate first, their rows staged, then {ref} generates and scores them"
     )
 
 
