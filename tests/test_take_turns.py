@@ -243,7 +243,7 @@ def test_fleet_run_killed_between_generation_and_scoring_resumes_exactly_once(lo
     staged = staged_shards(run_dir)
     committed = set(reader.load(run_dir)["shards"].collect()["shard_id"])
     waiting = set(staged) - committed
-    assert waiting and all(s.startswith("m1/cand/") for s in waiting)  # generated, not yet scored
+    assert waiting and all(s.startswith("m1/cand/") for s in waiting), log.read_text()[-2000:]  # not yet scored
     assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
 
     _, outcome = driver.resume(run_dir, progress=False)
