@@ -56,9 +56,12 @@ def test_reservation_and_early_error(tmp_path: Path) -> None:
     # 4 cards on one node only: a tp=4 target cannot be placed on 2 x 3 cards.
     with pytest.raises(RuntimeError, match=r"'tp4' needs .* on one node"):
         check_fits(m, {"CPU": 8.0, "NPU": 6.0}, [{"CPU": 4.0, "NPU": 3.0}, {"CPU": 4.0, "NPU": 3.0}])
-    # Too few cards for the reference and the largest candidate together.
-    with pytest.raises(RuntimeError, match="reference \\+ largest candidate"):
-        check_fits(m, {"CPU": 8.0, "NPU": 4.0}, [{"CPU": 8.0, "NPU": 4.0}])
+    # Too few cards for the reference and tp4 together: they take turns, one target's cards at a time.
+    check_fits(m, {"CPU": 8.0, "NPU": 4.0}, [{"CPU": 8.0, "NPU": 4.0}])
+    assert reservation(m, {"CPU": 8.0, "NPU": 4.0}) == {"CPU": 0.25, "NPU": 4.0}
+    # Too few for tp4 alone: that would wait forever.
+    with pytest.raises(RuntimeError, match=r"target 'tp4' alone needs \{'NPU': 4.0\}; the cluster has \{'NPU': 3.0\}"):
+        check_fits(m, {"CPU": 8.0, "NPU": 3.0})
 
 
 def test_cluster_too_small_is_a_clear_error_before_anything_is_written(tmp_path: Path) -> None:

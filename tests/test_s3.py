@@ -113,6 +113,24 @@ def test_store_on_s3(s3: str) -> None:
         RunStore(str(Path(s3) / "unit"))
 
 
+def test_staging_on_s3(s3: str) -> None:
+    """Taking turns on an object store: staged shards are objects under .staging/ that no reader
+    lists, read back whole, and removed by drop and by recover (test_take_turns.py, locally)."""
+    from test_take_turns import generation
+
+    from fleet.results.staging import Staging
+
+    run = RunStore.create(f"{s3}/staged", {"run_id": "staged", "reference": "ref"})
+    staging = Staging(run)
+    staging.put(generation("m/c/p/00000", 2))
+    staging.put(generation("m/c/p/00001", 0))
+    assert staging.get("m/c/p/00000", "w").tokens.num_rows == 2
+    assert reader.load(f"{s3}/staged")["requests"].collect().height == 0
+    assert staging.recover({"m/c/p/00000"}) == {"m/c/p/00000": "w"}  # 00001 committed meanwhile
+    staging.drop("m/c/p/00000", "w")
+    assert sorted(objects(f"{s3}/staged")) == ["bucket/prefix/staged/run.json"]
+
+
 def test_endpoint_knobs(s3: str, monkeypatch: pytest.MonkeyPatch) -> None:
     RunStore.create(f"{s3}/knobs", {"run_id": "knobs"})
     endpoint, nowhere = os.environ["FLEET_S3_ENDPOINT"], "http://127.0.0.1:1"

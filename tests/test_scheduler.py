@@ -84,6 +84,12 @@ class Cluster:
     overlaps: list[tuple[tuple[str, ...], ...]] = field(default_factory=list)  # a CPU perf level not alone
     actors: itertools.count[int] = field(default_factory=itertools.count)
     twins: list[str | None] = field(default_factory=list)  # the twin dtype each score call asked for
+    resources: dict[str, float] = field(default_factory=lambda: {"CPU": 6.0})
+    kill_at: tuple[str, str, str] | None = None  # (model, target, method) whose send kills the driver
+
+
+class DriverKilled(BaseException):
+    """The driver dies where it stands (as a SIGKILL would find it): nothing of ours catches it."""
 
 
 class Ref:
@@ -110,6 +116,8 @@ class Method:
                 cluster.overlaps.append((key, *busy))
             cluster.in_flight.append(key)
         cluster.log.append(("send", *key))
+        if key[:3] == cluster.kill_at:
+            raise DriverKilled(key)
 
         def run() -> Any:
             if actor.dead:
@@ -203,7 +211,7 @@ def fake_ray(cluster: Cluster) -> dict[str, types.ModuleType]:
     def kill(actor: Actor, *, no_restart: bool = True) -> None:
         actor.dead = True
 
-    resources = {"CPU": 6.0}
+    resources = cluster.resources
     ray.is_initialized = lambda: True  # type: ignore[attr-defined]
     ray.cluster_resources = lambda: dict(resources)  # type: ignore[attr-defined]
     ray.nodes = lambda: [{"Alive": True, "Resources": resources, "NodeManagerHostname": "fake"}]  # type: ignore[attr-defined]

@@ -32,6 +32,8 @@ from fleet.contracts.inputs import inside
 from fleet.contracts.spec import PROBE_KINDS, ProbeKind
 
 RUN_JSON = "run.json"
+# Where rows wait uncommitted (fleet/results/staging.py): a dot directory, which no reader lists.
+STAGING = ".staging"
 # The S3 endpoint, first found wins: ours, then the AWS SDK's standard names, which pyarrow's
 # S3FileSystem (26) does not read itself. Credentials and region come from the usual AWS_* names.
 S3_ENDPOINT_VARS = ("FLEET_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -106,17 +108,22 @@ class RunStore:
         """Whether anything is there: a directory, or on an object store any object under the prefix."""
         return self.fs.get_file_info(self.root).type != pafs.FileType.NotFound
 
-    def shard_path(self, table: str, shard_id: str, weights: str) -> str | Path:
+    def shard_path(self, table: str, shard_id: str, weights: str, *, staged: bool = False) -> str | Path:
         """Where write() puts it, in the form run_dir was given (a Path stays a Path)."""
-        return join(self.run_dir, *_layout(table, shard_id, weights))
+        return join(self.run_dir, *([STAGING] if staged else []), *_layout(table, shard_id, weights))
 
-    def write(self, table: str, shard_id: str, data: pa.Table) -> str | Path:
+    def path(self, table: str, shard_id: str, weights: str, *, staged: bool = False) -> str:
+        """Where write() puts it, as a path on self.fs."""
+        return "/".join([self.root, *([STAGING] if staged else []), *_layout(table, shard_id, weights)])
+
+    def write(self, table: str, shard_id: str, data: pa.Table, *, staged: bool = False) -> str | Path:
         """Write one shard's rows of `table`, conformed to its declared schema, under the
-        weights it ran on: a model name reused for other weights lands in another directory."""
+        weights it ran on: a model name reused for other weights lands in another directory.
+        `staged`: in the staging area, uncommitted (fleet/results/staging.py)."""
         data = schema.conform(data, schema.all_tables()[table])
         data = data.set_column(0, "run_id", pa.array([self.run_id] * data.num_rows, pa.string()))
         weights = data.column("model_weights")[0].as_py() if data.num_rows else "none"
-        path = "/".join([self.root, *_layout(table, shard_id, weights)])
+        path = self.path(table, shard_id, weights, staged=staged)
         # The names in it are validated already; this is the guard that the layout stays in the run.
         inside(self.root, path, what=f"{table} rows of {shard_id[:200]}", local=self.local)
         if self.local:  # straight to the temp file: no in-memory copy of a big shard
@@ -127,7 +134,7 @@ class RunStore:
             sink = pa.BufferOutputStream()
             pq.write_table(data, sink, compression="zstd", compression_level=1)
             self._put(path, sink.getvalue())
-        return self.shard_path(table, shard_id, weights)
+        return self.shard_path(table, shard_id, weights, staged=staged)
 
     @property
     def run_id(self) -> str:

@@ -30,10 +30,11 @@ from fleet.results import reader
 from fleet.results.info import RunInfo
 from fleet.results.store import RUN_JSON, RunStore, join, now
 from fleet.run import manifest as manifest_mod
+from fleet.run.outcome import GateCheck, Outcome
 from fleet.run.placement import check_fits
 from fleet.run.plan import PerfRun, ProbeRun, plan, plan_perf, plan_probes
 from fleet.run.progress import Progress
-from fleet.run.scheduler import GateCheck, Outcome, execute
+from fleet.run.scheduler import execute
 
 # (run_dir, model, target) -> why the target's gates failed on the rows written so far (None: passed).
 RunGateCheck = Callable[[str | Path, str, str], str | None]

@@ -115,22 +115,59 @@ def fits(want: dict[str, float], have: dict[str, float]) -> bool:
     return all(have.get(k, 0.0) >= v - 1e-9 for k, v in want.items())
 
 
+def apart(manifest: Manifest, cluster: dict[str, float]) -> list[str]:
+    """The candidates that cannot hold their resources beside the reference's on `cluster` (e.g. a
+    tensor-parallel CPU target beside the reference on a 2-core laptop, or a one-card host)."""
+    ref = footprint(manifest.target(manifest.reference))
+    candidates = [t for t in manifest.targets if t.name != manifest.reference]
+    return [t.name for t in candidates if not fits(add(ref, footprint(t)), cluster)]
+
+
+def turns_note(manifest: Manifest, cluster: dict[str, float]) -> str | None:
+    """What `fleet run` says when models take turns on `cluster` (None: they do not)."""
+    names = apart(manifest, cluster)
+    if not names:
+        return None
+    ref = manifest.reference
+    need = add(footprint(manifest.target(ref)), footprint(manifest.target(names[0])))
+    have = {k: cluster.get(k, 0.0) for k in need}
+    more = f" ({len(names)} candidates do not fit beside {ref})" if len(names) > 1 else ""
+    return (
+        f"taking turns: {ref} + {names[0]} need {need} at once, the cluster has {have}{more}; each model's "
+        f"candidates generate first, their rows staged, then {ref} generates and scores them"
+    )
+
+
+def takes_turns(manifest: Manifest, cluster: dict[str, float]) -> bool:
+    """Whether each model's reference and candidates take turns on `cluster`, some candidate not
+    fitting beside the reference: the candidates generate with the reference down, their rows stored
+    (fleet/results/staging.py); then the reference generates its own shards and scores them."""
+    return bool(apart(manifest, cluster))
+
+
 def reservation(manifest: Manifest, cluster: dict[str, float]) -> dict[str, float]:
     """What one model holds while it runs: every target at once when the cluster could ever fit
-    that, else the reference plus the largest candidate (candidates then take turns)."""
+    that; else the reference plus the largest candidate (candidates then take turns beside it);
+    else, taking turns with the reference, the largest single target."""
     ref = footprint(manifest.target(manifest.reference))
     everything = add(*(footprint(t) for t in manifest.targets))
     if fits(everything, cluster):
         return everything
-    pairs = [add(ref, footprint(t)) for t in manifest.targets if t.name != manifest.reference] or [ref]
-    return {k: max(p.get(k, 0.0) for p in pairs) for k in set().union(*pairs)}
+    if takes_turns(manifest, cluster):
+        return _largest([footprint(t) for t in manifest.targets])
+    return _largest([add(ref, footprint(t)) for t in manifest.targets if t.name != manifest.reference] or [ref])
+
+
+def _largest(needs: list[dict[str, float]]) -> dict[str, float]:
+    """Enough for any one of `needs` (the largest of each resource)."""
+    return {k: max(n.get(k, 0.0) for n in needs) for k in set().union(*needs)}
 
 
 def check_fits(manifest: Manifest, cluster: dict[str, float], nodes: list[dict[str, float]] | None = None) -> None:
     """Fail before anything starts when a target's cards are not on any one node (a multi-node
-    target: its pipeline stages are not on as many nodes), or the
-    reference and a candidate cannot hold cards at once: the reference stays up to score every
-    candidate, so anything less would wait forever. (This cluster does not autoscale for us.)"""
+    target: its pipeline stages are not on as many nodes), or a target alone needs more than the
+    cluster has: anything less would wait forever. (This cluster does not autoscale for us.) A
+    reference and candidate that do not fit together are no error: they take turns (takes_turns)."""
     for target in manifest.targets:
         if nodes is not None and not places(target, nodes):
             if target.spans_nodes:
@@ -142,9 +179,10 @@ def check_fits(manifest: Manifest, cluster: dict[str, float], nodes: list[dict[s
             else:
                 msg = f"target {target.name!r} needs {footprint(target)} on one node; no node has that"
             raise RuntimeError(msg)
-    want = reservation(manifest, cluster)
-    if not fits(want, cluster):
-        short = {k: v for k, v in want.items() if cluster.get(k, 0.0) < v}
-        have = {k: cluster.get(k, 0.0) for k in short}
-        msg = f"a model needs {short} at once (reference + largest candidate); the cluster has {have}"
-        raise RuntimeError(msg)
+    for target in manifest.targets:
+        want = footprint(target)
+        if not fits(want, cluster):
+            short = {k: v for k, v in want.items() if cluster.get(k, 0.0) < v}
+            have = {k: cluster.get(k, 0.0) for k in short}
+            msg = f"target {target.name!r} alone needs {short}; the cluster has {have}"
+            raise RuntimeError(msg)

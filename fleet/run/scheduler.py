@@ -8,7 +8,10 @@ forcing) and written with the reference's columns joined on.
 Models run concurrently: a model is admitted when the cluster has room for its reservation (all
 its targets at once if the cluster could ever hold them, else the reference plus the largest
 candidate, with candidates taking turns). The reference stays up until every candidate shard is
-scored; a candidate's actor is released as soon as its shards are generated.
+scored; a candidate's actor is released as soon as its shards are generated. Where a candidate
+cannot run beside the reference at all, the reference takes turns with the candidates too: their
+shards are staged (fleet/results/staging.py) and scored when the reference's turn comes
+(ModelRun, fleet/run/slots.py).
 
 Faults: a call that fails or outlives its timeout gets its actor replaced (engine processes go
 with it) and the shard retried, up to `run.max_attempts`; then the shard is recorded as failed
@@ -24,12 +27,13 @@ import functools
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from fleet.results.staging import Staging
 from fleet.results.store import now
-from fleet.run.placement import fits, reservation
+from fleet.run.outcome import GateCheck, Outcome
+from fleet.run.placement import fits, reservation, turns_note
 from fleet.run.slots import ModelRun
 from fleet.run.work import Generate
 from fleet.run.writer import ShardWriter
@@ -40,27 +44,7 @@ if TYPE_CHECKING:
     from fleet.run.manifest import Manifest
     from fleet.run.plan import PerfRun, ProbeRun
     from fleet.run.progress import Progress
-    from fleet.run.work import Effects, Work
-
-# (model, target) -> why its gates did not pass on the rows written so far (None: they passed, or it
-# has none). The driver cannot evaluate gates itself (fleet.analysis is beside it, not below):
-# `fleet run` passes fleet.report's.
-GateCheck = Callable[[str, str], str | None]
-
-
-@dataclass
-class Outcome:
-    """What the run learnt besides rows: provenance, failed targets, failed shards, retries."""
-
-    provenance: dict[str, dict[str, str]] = field(default_factory=dict)
-    failures: dict[str, str] = field(default_factory=dict)  # "model/target" -> reason
-    failed_shards: dict[str, str] = field(default_factory=dict)  # shard id -> reason
-    retries: int = 0
-    timeline: dict[str, dict[str, str]] = field(default_factory=dict)  # model -> admitted_at, finished_at
-
-    @property
-    def partial(self) -> bool:
-        return bool(self.failures or self.failed_shards)
+    from fleet.run.work import Effects, Score, Work
 
 
 def execute(
@@ -98,6 +82,11 @@ class Loop:
         self.gates_of, self.gate_verdicts = gates_of, dict[tuple[str, str], str | None]()
         self.reservation = reservation(manifest, cluster)
         self.free = dict(cluster)
+        self.staging, note = Staging(store), turns_note(manifest, cluster)
+        if note is not None:
+            bar.write(note)
+        # Shards a killed run staged: scored now, not generated again (the rest of the area goes).
+        staged = self.staging.recover({s.shard_id for s in shards})
         self.waiting = deque(
             ModelRun(
                 m,
@@ -107,6 +96,9 @@ class Loop:
                 manifest,
                 reservation=self.reservation,
                 not_passed=functools.partial(self._not_passed, m.name),
+                take_turns=note is not None,
+                staging=self.staging,
+                staged=staged,
             )
             for m in manifest.models
             if any(s.model == m.name for s in shards)
@@ -144,6 +136,7 @@ class Loop:
                     slot.stop()
             self.writer.stop()
         self.writer.wait()
+        self.staging.tidy()
         return self.outcome
 
     def _submit(self) -> None:
@@ -195,6 +188,7 @@ class Loop:
         and `work` with everything it had queued as not done."""
         slot, key = run.slots[name], f"{run.model.name}/{name}"
         self.outcome.failures.setdefault(key, reason)
+        run.reference_failed = run.reference_failed or (failed and name == run.ref)
         self.bar.write(f"{'FAILED' if failed else 'SKIPPED'} {key}: {reason}")
         for w in [*work, *slot.queue, *slot.perf_todo]:
             self._abandon(run, name, w, f"target failed: {reason}" if failed else reason)
@@ -248,8 +242,11 @@ class Loop:
         scoring is done; each first runs its perf levels, so they never overlap its own parity work."""
         if name != run.ref and run.idle(name) and name in run.running:
             self._release_or_perf(run, name)
-        if run.ref in run.running and run.idle(run.ref) and run.candidates_done:
-            self._release_or_perf(run, run.ref)
+        if run.ref in run.running and run.idle(run.ref):
+            if run.candidates_done:
+                self._release_or_perf(run, run.ref)
+            elif run.take_turns:
+                run.release(run.ref)  # its turn is over: candidates go next; its perf levels at its last turn
 
     def _release_or_perf(self, run: ModelRun, name: str) -> None:
         slot = run.slots[name]
@@ -300,12 +297,21 @@ class Loop:
             self.outcome.failed_shards.setdefault(*effects.failed_shard)
         for write in effects.writes:
             self.store.write(write.table, write.key, write.rows)
-        if effects.score is not None and not run.to_score(effects.score):
-            self.writer.write(effects.score.unscored)  # no reference (left) to score with: the rows stand
+        if effects.score is not None:
+            self._to_reference(run, effects.score)
         if effects.shard is not None:
             self.writer.write(effects.shard)
         if effects.progress:
             self.bar.update(effects.progress, model=run.model.name)
+
+    def _to_reference(self, run: ModelRun, score: Score) -> None:
+        """A candidate's shard goes to the reference: held in memory for it while it is up beside
+        the candidates; staged on disk when the model takes turns (the candidate's actor may go once
+        they are stored); written unscored when there is no reference (left) to score with."""
+        if run.take_turns and not run.reference_failed:
+            run.stage(score.shard, self.staging.put(score.gen))
+        elif not run.to_score(score):
+            self.writer.write(score.unscored)
 
 
 def _reason(error: Exception) -> str:

@@ -12,11 +12,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fleet.run.placement import add, fits, footprint, reserve
-from fleet.run.work import Describe, Generate, Perf, Probe, Score, Smoke, Work
+from fleet.run.work import Describe, Generate, Perf, Probe, Score, ScoreStaged, Smoke, Work
 
 if TYPE_CHECKING:
     from fleet.contracts.spec import ModelSpec, Shard
     from fleet.contracts.targets import TargetArgs
+    from fleet.results.staging import Staging
     from fleet.run.manifest import Manifest
     from fleet.run.plan import PerfRun, ProbeRun
 
@@ -89,7 +90,13 @@ class ActorSlot:
 
 
 class ModelRun:
-    """One model: its slots, the shards still to generate, and scoring by the reference."""
+    """One model: its slots, the shards still to generate, and scoring by the reference.
+
+    When its targets take turns (`take_turns`, fleet/run/placement.py), the reference and the
+    candidates never hold resources at once: candidates run (as many as the reservation holds),
+    their shards staged (fleet/results/staging.py); when none can run, since none is left or the
+    next waits on an `after:` target's rows still to be scored, the reference takes its turn: it
+    generates its own shards and scores every staged one, then makes way again."""
 
     def __init__(
         self,
@@ -101,8 +108,14 @@ class ModelRun:
         *,
         reservation: dict[str, float],
         not_passed: Callable[[str], str | None] = lambda target: None,
+        take_turns: bool = False,
+        staging: Staging | None = None,
+        staged: dict[str, str] | None = None,
     ) -> None:
+        """`staged`: shards (id -> weights) generated and staged before a resume: only scored now."""
         self.model, self.manifest, self.reservation = model, manifest, reservation
+        self.take_turns, self.staging = take_turns, staging
+        self.reference_failed = False  # its actor could not start: candidates' rows stay unscored
         # Why target `name` of this model did not pass (None: it did): what `after:` waits on. It is
         # asked once `name` has finished and every row of it is scored: its gates read them.
         self.not_passed = not_passed
@@ -110,7 +123,10 @@ class ModelRun:
         self.ref = manifest.reference
         self.slots = {t.name: ActorSlot(t, model, manifest) for t in manifest.targets}
         for shard in shards:
-            self.slots[shard.target].queue.append(Generate(shard))
+            if staged and shard.shard_id in staged:
+                self.stage(shard, staged[shard.shard_id])
+            else:
+                self.slots[shard.target].queue.append(Generate(shard))
         for probe in probes:
             self.slots[probe.target].queue.append(Probe(probe))
         for level in perf:
@@ -136,6 +152,11 @@ class ModelRun:
         self.unscored += 1
         return True
 
+    def stage(self, shard: Shard, weights: str) -> None:
+        """Queue a staged candidate shard for the reference to score from its stored rows."""
+        assert self.staging is not None  # the scheduler stages only with a staging area
+        self.slots[self.ref].queue.append(ScoreStaged(shard, weights, self.staging))
+
     def ended(self, work: Work) -> None:
         """`work` is done or given up: a Score's rows are no longer held for the reference."""
         if isinstance(work, Score):
@@ -147,7 +168,7 @@ class ModelRun:
         return self.unscored >= MAX_UNSCORED and self.slots[self.ref].handle is not None
 
     def start(self) -> None:
-        if any(s.queue or s.perf_todo for s in self.slots.values()):
+        if not self.take_turns and any(s.queue or s.perf_todo for s in self.slots.values()):
             self._launch(self.ref)
         self._start_candidates()
 
@@ -156,26 +177,34 @@ class ModelRun:
         self.running.add(name)
 
     def _start_candidates(self) -> None:
+        if self.take_turns and self.ref in self.running:
+            return  # the reference's turn: it holds the model's reservation alone
         while self.waiting:
             held = add(*(footprint(self.slots[n].target) for n in self.running))
             nxt = self.slots[self.waiting[0]].target
             if nxt.after is not None:
                 if nxt.after in self.running or self._unsettled(nxt.after):
-                    return  # candidates start in manifest order; this one once `after` passed its gates
+                    break  # candidates start in manifest order; this one once `after` passed its gates
                 why = self.skipped.get(nxt.after) or self.not_passed(nxt.after)
                 if why is not None:
                     self.skipped[self.waiting.popleft()] = f"not run: {nxt.after} did not pass ({why})"
                     continue
             if self.running and not fits(add(held, footprint(nxt)), self.reservation):
-                return
+                break
             self._launch(self.waiting.popleft())
+        ref = self.slots[self.ref]
+        if self.take_turns and not self.running and (ref.queue or ref.perf_todo):
+            # No candidate can run: none is left, or the next waits for rows only the reference scores.
+            self._launch(self.ref)
 
     def _unsettled(self, name: str) -> bool:
         """Rows that target `name`'s gates read are still to come: shards of it await the reference's
         scoring, or the reference's own shards (which its sequences are compared with) are not done."""
         ref = self.slots[self.ref]
         pending = [*ref.queue, *([ref.current[1]] if ref.current is not None else [])]
-        return any(isinstance(w, Generate) or (isinstance(w, Score) and w.shard.target == name) for w in pending)
+        return any(
+            isinstance(w, Generate) or (isinstance(w, Score | ScoreStaged) and w.shard.target == name) for w in pending
+        )
 
     def start_waiting(self) -> None:
         """Start (or skip) candidates that wait, now that some work has ended."""
@@ -193,7 +222,9 @@ class ModelRun:
     def needs(self, name: str) -> bool:
         """Whether target `name` still has work, or may get some (the reference, to score with)."""
         slot = self.slots[name]
-        return bool(slot.queue or slot.perf_todo) or (name == self.ref and not self.candidates_done)
+        # Taking turns, the reference's next turn starts it again if candidates leave it work.
+        waits = name == self.ref and not self.candidates_done and not self.take_turns
+        return bool(slot.queue or slot.perf_todo) or waits
 
     def take_skipped(self) -> list[tuple[str, str]]:
         """Targets newly skipped by `after:` and why; each is handed out once."""

@@ -10,6 +10,7 @@ work is a new class here, not a new branch there.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -18,11 +19,14 @@ from fleet.contracts import schema
 from fleet.run.manifest import probe_capability
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pyarrow as pa
 
     from fleet.contracts.engine import Generation, PerfResult
     from fleet.contracts.spec import ModelSpec, Shard
     from fleet.contracts.targets import TargetArgs
+    from fleet.results.staging import Staging
     from fleet.run.manifest import Manifest
     from fleet.run.plan import PerfRun, ProbeRun
 
@@ -56,6 +60,8 @@ class ShardRows:
 
     gen: Generation
     tokens: pa.Table
+    # Run once the shard is committed (its shards row written): its staged copy is removed.
+    then: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,39 @@ class Score(Work):
     def unscored(self) -> ShardRows:
         """The candidate's own rows, without the reference's columns."""
         return ShardRows(self.gen, self.gen.tokens)
+
+
+@dataclass(frozen=True)
+class ScoreStaged(Work):
+    """A candidate's shard generated while the reference was down (its model's targets take
+    turns), scored as `Score` does from its stored rows (fleet/results/staging.py), which go once
+    it is committed. The rows are read when the call is sent and again when its scores are in:
+    the driver holds none of them in between, however many shards wait."""
+
+    shard: Shard
+    weights: str  # what its rows are staged under
+    staging: Staging = field(compare=False, repr=False)
+
+    @property
+    def label(self) -> str:
+        return "score"
+
+    def submit(self, slot: SlotView) -> tuple[Any, float]:
+        return self._score().submit(slot)
+
+    def on_result(self, slot: SlotView, result: pa.Table) -> Effects:
+        return self._dropped_once_written(self._score().on_result(slot, result))
+
+    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
+        return self._dropped_once_written(self._score().on_abandon(slot, reason))
+
+    def _score(self) -> Score:
+        return Score(self.shard, self.staging.get(self.shard.shard_id, self.weights))
+
+    def _dropped_once_written(self, effects: Effects) -> Effects:
+        assert effects.shard is not None  # Score writes the shard, scored or not
+        drop = functools.partial(self.staging.drop, self.shard.shard_id, self.weights)
+        return replace(effects, shard=replace(effects.shard, then=drop))
 
 
 @dataclass(frozen=True)

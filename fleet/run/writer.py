@@ -32,6 +32,8 @@ class ShardWriter:
             self.store.write("requests", shard_id, gen.requests)
             self.store.write("tokens", shard_id, tokens)
             self.store.write("shards", shard_id, gen.shard)
+            if shard.then is not None:
+                shard.then()
             self.bar.update(1, model=gen.shard.column("model")[0].as_py(), tokens=tokens.num_rows)
 
         # Finished writes are checked and let go: a million-prompt run must not keep every future.

@@ -1,0 +1,100 @@
+"""Candidate rows that wait for their reference, when a model's targets take turns
+(fleet/run/placement.py, takes_turns): a candidate's shard is stored here as generated, durably,
+before its actor is released; the reference, started later, scores it from these rows, and the
+shard is then committed like any other (its `shards` row written last, fleet/run/writer.py), after
+which its staged files go.
+
+They live in `<run_dir>/.staging/<table>/...` (the tables' own layout), beside the tables and in
+none of them: the readers (fleet/results/reader.py, `fleet query`, which takes only directory
+names SQL can say) and a glob such as results/*/tokens/** never see them, and Spark and Hive skip
+dot directories. Like a committed shard, a staged one is whole once its `shards` file is there
+(written last), so a driver killed mid-way leaves either a whole staged shard, which `--resume`
+scores without generating it again, or files that `--resume` removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from fleet.contracts.engine import Generation
+from fleet.results.store import STAGING, parquet_files
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
+
+    from fleet.results.store import RunStore
+
+# Written in this order; the `shards` file, last, marks a staged shard whole.
+TABLES = ("requests", "tokens", "shards")
+
+
+class Staging:
+    """A run's staged candidate shards, each found by its shard id and the weights it ran on."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store, self.fs = store, store.fs
+        self.root = f"{store.root}/{STAGING}"
+
+    def put(self, gen: Generation) -> str:
+        """Store a candidate shard's rows as generated; returns the weights they are stored under."""
+        shard_id = gen.shard.column("shard_id")[0].as_py()
+        for table, rows in zip(TABLES, (gen.requests, gen.tokens, gen.shard), strict=True):
+            self.store.write(table, shard_id, rows, staged=True)
+        return str(gen.shard.column("model_weights")[0].as_py())
+
+    def get(self, shard_id: str, weights: str) -> Generation:
+        """A staged shard's rows, as its candidate generated them."""
+        files = self._files(shard_id, weights)
+        return Generation(*(pq.read_table(files[t], filesystem=self.fs) for t in TABLES))
+
+    def drop(self, shard_id: str, weights: str) -> None:
+        """Remove a staged shard once it is committed; its marker first, so it never looks whole
+        with a file missing."""
+        for file in reversed(self._files(shard_id, weights).values()):
+            with contextlib.suppress(FileNotFoundError):  # a retried drop: gone already
+                self.fs.delete_file(file)
+
+    def recover(self, uncommitted: Collection[str]) -> dict[str, str]:
+        """On resume: the whole staged shards among `uncommitted` (shard id -> weights), to be
+        scored, not generated again. Every other staged file goes: a committed shard's leftovers
+        (the driver died before dropping them), or a shard the driver died while staging."""
+        whole: dict[str, str] = {}
+        markers = parquet_files(self.fs, f"{self.root}/shards")
+        if markers:
+            rows = ds.dataset(markers, filesystem=self.fs, format="parquet").to_table(
+                columns=["shard_id", "model_weights"]
+            )
+            whole = {r["shard_id"]: r["model_weights"] for r in rows.to_pylist() if r["shard_id"] in uncommitted}
+        keep = {f for s, w in whole.items() for f in self._files(s, w).values()}
+        for file in self._every_file():
+            if file not in keep:
+                self.fs.delete_file(file)
+        return whole
+
+    def tidy(self) -> None:
+        """Remove the staging directory once nothing is staged: every shard of it committed."""
+        if self.store.local and not self._every_file() and self.fs.get_file_info(self.root).type != _MISSING:
+            self.fs.delete_dir(self.root)  # empty partition directories only
+
+    def _files(self, shard_id: str, weights: str) -> dict[str, str]:
+        """Each table's file of a staged shard. An empty table is stored under weights "none"
+        (RunStore.write: no row to take them from), e.g. tokens when no request produced a token."""
+        found = {}
+        for table in TABLES:
+            paths = [self.store.path(table, shard_id, w, staged=True) for w in (weights, "none")]
+            info = self.fs.get_file_info(paths)
+            found[table] = next((p for p, i in zip(paths, info, strict=True) if i.type == pafs.FileType.File), paths[0])
+        return found
+
+    def _every_file(self) -> list[str]:
+        """Every file in the staging area, temp files of an interrupted write included."""
+        selector = pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
+        return [f.path for f in self.fs.get_file_info(selector) if f.type == pafs.FileType.File]
+
+
+_MISSING = pafs.FileType.NotFound
