@@ -141,8 +141,9 @@ def _check(args: argparse.Namespace) -> int:
     from fleet.run import driver
 
     if args.resume is not None:
-        _, _, manifest, todo, perf_todo, probes_todo = driver.check_resume(args.resume)
-        print(f"ok: {args.resume}: {len(todo)} shards, {len(perf_todo) + len(probes_todo)} perf/probe runs to do")
+        _, _, manifest, plans = driver.check_resume(args.resume)
+        shards, calls = sum(len(p.shards) for p in plans), sum(len(p.perf) + len(p.probes) for p in plans)
+        print(f"ok: {args.resume}: {shards} shards, {calls} perf levels and probe calls to do")
         return EXIT_OK
     manifest, run_dir, _, unresolved = driver.check(
         args.manifest, results_dir=args.results, run_id=args.run_id, overrides=args.overrides

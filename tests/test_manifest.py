@@ -12,7 +12,7 @@ import pytest
 from fleet.contracts.errors import ManifestError
 from fleet.run.manifest import load
 from fleet.run.placement import actor_options
-from fleet.run.plan import plan
+from fleet.run.plan import plan_shards
 
 GOOD = textwrap.dedent(
     """
@@ -48,7 +48,7 @@ def test_good_manifest_loads_and_plans(tmp_path: Path) -> None:
     m = load(write(tmp_path, GOOD))
     assert [p.id for p in m.prompt_list("from-file")] == ["x", "y"]
     assert m.target("cand").kind == "vllm"
-    shards = plan(m)
+    shards = plan_shards(m)
     # 1 model x 2 targets x (inline: 1 shard of 2, from-file: 1 shard of 2), reference first.
     assert [s.shard_id for s in shards] == [
         "tiny/ref/inline/00000",
@@ -141,4 +141,4 @@ def test_dummy_weights_are_perf_only(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="set parity: false"):
         load(write(tmp_path, dummy))
     m = load(write(tmp_path, dummy.replace("load_format: dummy}", "load_format: dummy}, parity: false")))
-    assert {s.target for s in plan(m)} == {"ref"}  # no parity shards for the perf-only target
+    assert {s.target for s in plan_shards(m)} == {"ref"}  # no parity shards for the perf-only target

@@ -12,7 +12,7 @@ from fleet.analysis import noise_floor
 from fleet.contracts import schema
 from fleet.contracts.errors import ManifestError
 from fleet.run.manifest import load
-from fleet.run.plan import plan
+from fleet.run.plan import plan_shards
 
 
 def test_repeat_adds_copies_that_run_like_the_original(tmp_path: Path) -> None:
@@ -22,7 +22,7 @@ def test_repeat_adds_copies_that_run_like_the_original(tmp_path: Path) -> None:
     assert manifest.repeats == {"cand.repeat-2": "cand", "cand.repeat-3": "cand"}
     copy = manifest.target("cand.repeat-2")
     assert copy.model_dump(exclude={"name"}) == manifest.target("cand").model_dump(exclude={"name"})
-    shards = {s.target for s in plan(manifest)}
+    shards = {s.target for s in plan_shards(manifest)}
     assert shards == {"ref", "cand", "cand.repeat-2", "cand.repeat-3"}
 
 

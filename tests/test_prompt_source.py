@@ -14,7 +14,7 @@ from fleet.contracts.errors import ManifestError
 from fleet.contracts.prompt_source import PromptFile, check, chunks, read_slice
 from fleet.contracts.spec import Shard
 from fleet.run.manifest import load
-from fleet.run.plan import plan
+from fleet.run.plan import plan_shards
 
 GSM = [
     {"idx": 7, "question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
@@ -55,7 +55,7 @@ def test_mapped_columns_become_prompts_read_by_slice(tmp_path: Path, fmt: str) -
     source = m.prompts["gsm"]
     assert isinstance(source, PromptFile)
     assert source.rows == 3 and source.sha256 and source.file.is_absolute()
-    shards = plan(m)
+    shards = plan_shards(m)
     # 2 targets x 2 shards; no shard holds prompts in the driver, only its row range.
     assert [(s.target, s.index, s.rows.start, s.rows.stop) for s in shards if s.rows] == [
         ("ref", 0, 0, 2),

@@ -417,12 +417,14 @@ def test_only_cpu_perf_levels_take_the_host_to_themselves() -> None:
     # A card's perf level times the card, which no other target shares: it runs beside the rest.
     from fleet.contracts.spec import Scenario
     from fleet.contracts.targets import VllmArgs
-    from fleet.run.plan import PerfRun
+    from fleet.run.plan import PerfLevel
     from fleet.run.slots import ActorSlot
     from fleet.run.work import Perf
 
     level = Perf(
-        level=PerfRun("m", "v", Scenario(name="s", concurrency=[1], input_tokens=8, output_tokens=4, num_requests=2), 1)
+        level=PerfLevel(
+            "m", "v", Scenario(name="s", concurrency=[1], input_tokens=8, output_tokens=4, num_requests=2), 1
+        )
     )
     alone = {d: ActorSlot(VllmArgs(name="v", device=d), None, None).runs_alone(level) for d in ("cpu", "cuda", "npu")}  # type: ignore[arg-type]
     assert alone == {"cpu": True, "cuda": False, "npu": False}

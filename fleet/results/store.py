@@ -161,15 +161,14 @@ class RunStore:
         )
         return {f"{r['model']}/{r['target']}/{r['scenario']}/{r['level']:05d}" for r in rows.to_pylist()}
 
-    def completed_probes(self) -> set[tuple[str, str, ProbeKind]]:
-        """(model, target, kind) of each probe whose table was written: the fields of the driver's
-        ProbeRun (fleet/run/plan.py), which this layer cannot import."""
-        done: set[tuple[str, str, ProbeKind]] = set()
+    def completed_probes(self) -> set[str]:
+        """Ids (model/target/probe-kind) of the probe calls whose table was written."""
+        done: set[str] = set()
         for kind in PROBE_KINDS:
             files = parquet_files(self.fs, f"{self.root}/{kind}")
             if files:
                 rows = ds.dataset(files, filesystem=self.fs, format="parquet").to_table(columns=["model", "target"])
-                done |= {(r["model"], r["target"], kind) for r in rows.to_pylist()}
+                done |= {f"{r['model']}/{r['target']}/probe-{kind}" for r in rows.to_pylist()}
         return done
 
     def info(self) -> dict[str, Any]:

@@ -24,7 +24,6 @@ from pydantic import ValidationError
 from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import check_name, check_url, clip, cut, inside, read_text
 from fleet.contracts.schema import SCHEMA_VERSION
-from fleet.contracts.spec import Shard
 from fleet.contracts.targets import SOURCE_PREFLIGHT, engine_side
 from fleet.results import reader
 from fleet.results.info import RunInfo
@@ -32,7 +31,7 @@ from fleet.results.store import RUN_JSON, RunStore, join, now
 from fleet.run import manifest as manifest_mod
 from fleet.run.outcome import GateCheck, Outcome
 from fleet.run.placement import check_fits
-from fleet.run.plan import PerfRun, ProbeRun, plan, plan_perf, plan_probes
+from fleet.run.plan import ModelPlan, plan
 from fleet.run.progress import Progress
 from fleet.run.scheduler import execute
 
@@ -104,9 +103,7 @@ def run(
             store = RunStore.create(run_dir, info)
         outcome = _execute(
             manifest,
-            [s for s in plan(manifest) if s.model not in unresolved],
-            [p for p in plan_perf(manifest) if p.model not in unresolved],
-            [p for p in plan_probes(manifest) if p.model not in unresolved],
+            [p for p in plan(manifest) if p.model not in unresolved],
             store,
             cluster,
             progress=progress,
@@ -183,15 +180,13 @@ def resume(
     gates_of: RunGateCheck | None = None,
 ) -> tuple[str | Path, Outcome]:
     """Finish an interrupted run: only the shards without a written `shards` row run again."""
-    store, info, manifest, todo, perf_todo, probes_todo = check_resume(run_dir)
+    store, info, manifest, plans = check_resume(run_dir)
     with _ray(ray_address, verbose=verbose, num_cpus=num_cpus) as cluster:
         _check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
         store.update_info(status="running", resumed_at=[*info.resumed_at, now()])
         outcome = _execute(
             manifest,
-            todo,
-            perf_todo,
-            probes_todo,
+            plans,
             store,
             cluster,
             progress=progress,
@@ -203,7 +198,7 @@ def resume(
 
 def check_resume(
     run_dir: str | Path,
-) -> tuple[RunStore, RunInfo, manifest_mod.Manifest, list[Shard], list[PerfRun], list[ProbeRun]]:
+) -> tuple[RunStore, RunInfo, manifest_mod.Manifest, list[ModelPlan]]:
     """Everything `resume` does before Ray starts (`fleet run --check --resume`): run.json, the
     manifest recorded in it, and the work still to do, read from the stored tables."""
     with _storage(run_dir):
@@ -219,12 +214,8 @@ def check_resume(
     except ValidationError as e:
         raise UserError(manifest_mod.format_error(where, info.manifest_resolved, e)) from None
     with _storage(run_dir), reader.decoding(run_dir):
-        done, perf_done = store.completed_shards(), store.completed_perf()
-        probes_done = {ProbeRun(*key) for key in store.completed_probes()}
-    todo = [s for s in plan(manifest) if s.shard_id not in done]
-    perf_todo = [p for p in plan_perf(manifest) if p.run_id not in perf_done]
-    probes_todo = [p for p in plan_probes(manifest) if p not in probes_done]
-    return store, info, manifest, todo, perf_todo, probes_todo
+        done = store.completed_shards(), store.completed_perf(), store.completed_probes()
+    return store, info, manifest, [p.remaining(*done) for p in plan(manifest)]
 
 
 @contextlib.contextmanager
@@ -260,9 +251,7 @@ def _check_cluster(manifest: manifest_mod.Manifest, cluster: dict[str, float], w
 
 def _execute(
     manifest: manifest_mod.Manifest,
-    shards: list[Shard],
-    perf: list[PerfRun],
-    probes: list[ProbeRun],
+    plans: list[ModelPlan],
     store: RunStore,
     cluster: dict[str, float],
     *,
@@ -274,9 +263,9 @@ def _execute(
     """Dispatch shards and perf levels, then record in run.json how it ended (also when interrupted)."""
     status, outcome = "interrupted", Outcome()
     try:
-        planned = Counter(s.model for s in shards) + Counter(p.model for p in perf)
+        planned = +Counter({p.model: len(p.shards) + len(p.perf) for p in plans})  # +: no model without work
         with Progress(planned, enabled=progress) as bar:
-            outcome = execute(manifest, shards, perf, store, bar, cluster=cluster, probes=probes, gates_of=gates_of)
+            outcome = execute(manifest, plans, store, bar, cluster=cluster, gates_of=gates_of)
         outcome.failures = (failed_before_start or {}) | outcome.failures
         status = "partial" if outcome.partial else "complete"
     finally:

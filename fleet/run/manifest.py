@@ -221,6 +221,9 @@ class Manifest(Strict):
     def target(self, name: str) -> TargetArgs:
         return next(t for t in self.targets if t.name == name)
 
+    def model(self, name: str) -> ModelSpec:
+        return next(m for m in self.models if m.name == name)
+
 
 def load(path: str | Path, *, overrides: Sequence[str] = ()) -> Manifest:
     """Read and validate a manifest file; relative paths inside it are relative to the file.

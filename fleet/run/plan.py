@@ -1,5 +1,6 @@
-"""Expanding a manifest into the run's work: shards (model x target x prompt-set chunk), perf
-levels and probes, each with an id that is stable across runs of one manifest (resume relies on it).
+"""Expanding a manifest into the run's work, one `ModelPlan` per model: its shards (target x
+prompt-set chunk), perf levels and probe calls, each with an id that is stable across runs of one
+manifest (resume relies on it).
 
 A shard is what one actor generates in one call, what is retried when an actor dies, and what
 is written as one Parquet file per table.
@@ -19,7 +20,43 @@ if TYPE_CHECKING:
     from fleet.contracts.spec import Scenario
 
 
-def plan(manifest: Manifest) -> list[Shard]:
+@dataclass(frozen=True)
+class ModelPlan:
+    """Everything one model of the run is to do; what the scheduler admits as one."""
+
+    model: str
+    shards: list[Shard]
+    perf: list[PerfLevel]
+    probes: list[ProbeCall]
+
+    def __bool__(self) -> bool:
+        return bool(self.shards or self.perf or self.probes)
+
+    def remaining(self, shards_done: set[str], perf_done: set[str], probes_done: set[str]) -> ModelPlan:
+        """This plan without what a killed run already stored (by id): what `--resume` still does."""
+        return ModelPlan(
+            self.model,
+            [s for s in self.shards if s.shard_id not in shards_done],
+            [p for p in self.perf if p.key not in perf_done],
+            [p for p in self.probes if p.key not in probes_done],
+        )
+
+
+def plan(manifest: Manifest) -> list[ModelPlan]:
+    """One plan per model of the manifest, in its order."""
+    shards, perf, probes = plan_shards(manifest), plan_perf(manifest), plan_probes(manifest)
+    return [
+        ModelPlan(
+            m.name,
+            [s for s in shards if s.model == m.name],
+            [p for p in perf if p.model == m.name],
+            [p for p in probes if p.model == m.name],
+        )
+        for m in manifest.models
+    ]
+
+
+def plan_shards(manifest: Manifest) -> list[Shard]:
     """All shards, grouped by model; within a model the reference's shards come first. A file's
     shards carry row ranges, not prompts: the driver's memory does not grow with the file."""
     targets = sorted((t for t in manifest.targets if t.parity), key=lambda t: t.name != manifest.reference)
@@ -41,7 +78,7 @@ def _chunks(prompts: list[Prompt] | PromptFile, size: int) -> list[tuple[tuple[P
 
 
 @dataclass(frozen=True)
-class PerfRun:
+class PerfLevel:
     """One level of one perf scenario on one model x target: one call, one perf_levels row."""
 
     model: str
@@ -50,14 +87,15 @@ class PerfRun:
     level: int
 
     @property
-    def run_id(self) -> str:
+    def key(self) -> str:
+        """Its id in the perf_levels table and in run.json's failed_shards."""
         return f"{self.model}/{self.target}/{self.scenario.name}/{self.level:05d}"
 
 
-def plan_perf(manifest: Manifest) -> list[PerfRun]:
+def plan_perf(manifest: Manifest) -> list[PerfLevel]:
     """Every scenario x level on every perf-capable target it applies to, per model."""
     return [
-        PerfRun(model.name, target.name, scenario, level)
+        PerfLevel(model.name, target.name, scenario, level)
         for model in manifest.models
         for target in manifest.targets
         if target.can("perf")
@@ -68,7 +106,7 @@ def plan_perf(manifest: Manifest) -> list[PerfRun]:
 
 
 @dataclass(frozen=True)
-class ProbeRun:
+class ProbeCall:
     """One deep probe ("logits" or "layers") on one model x target: one call, one table's rows."""
 
     model: str
@@ -76,15 +114,15 @@ class ProbeRun:
     kind: ProbeKind
 
     @property
-    def run_id(self) -> str:
-        """Its key in run.json's failed_shards."""
+    def key(self) -> str:
+        """Its id in run.json's failed_shards (and, as (model, target, kind), in its table)."""
         return f"{self.model}/{self.target}/probe-{self.kind}"
 
 
-def plan_probes(manifest: Manifest) -> list[ProbeRun]:
+def plan_probes(manifest: Manifest) -> list[ProbeCall]:
     """Every probe the manifest asks for, on every target it runs on, per model."""
     return [
-        ProbeRun(model.name, target, kind)
+        ProbeCall(model.name, target, kind)
         for model in manifest.models
         for kind in PROBE_KINDS
         for target in manifest.probed(kind)

@@ -11,7 +11,7 @@ candidate, with candidates taking turns). The reference stays up until every can
 scored; a candidate's actor is released as soon as its shards are generated. Where a candidate
 cannot run beside the reference at all, the reference takes turns with the candidates too: their
 shards are staged (fleet/results/staging.py) and scored when the reference's turn comes
-(ModelRun, fleet/run/slots.py).
+(AdmittedModel, fleet/run/slots.py).
 
 Faults: a call that fails or outlives its timeout gets its actor replaced (engine processes go
 with it) and the shard retried, up to `run.max_attempts`; then the shard is recorded as failed
@@ -34,33 +34,30 @@ from fleet.results.staging import Staging
 from fleet.results.store import now
 from fleet.run.outcome import GateCheck, Outcome
 from fleet.run.placement import fits, reservation, turns_note
-from fleet.run.slots import ModelRun
+from fleet.run.slots import AdmittedModel
 from fleet.run.work import Generate
 from fleet.run.writer import ShardWriter
 
 if TYPE_CHECKING:
-    from fleet.contracts.spec import Shard
     from fleet.results.store import RunStore
     from fleet.run.manifest import Manifest
-    from fleet.run.plan import PerfRun, ProbeRun
+    from fleet.run.plan import ModelPlan
     from fleet.run.progress import Progress
     from fleet.run.work import Effects, Score, Work
 
 
 def execute(
     manifest: Manifest,
-    shards: list[Shard],
-    perf: list[PerfRun],
+    plans: Sequence[ModelPlan],
     store: RunStore,
     bar: Progress,
     *,
     cluster: dict[str, float],
-    probes: Sequence[ProbeRun] = (),
     gates_of: GateCheck | None = None,
 ) -> Outcome:
-    """Run every shard, probe and perf level (retrying faults), write what they produce; returns
-    what failed. `gates_of` is what `after:` checks beside failures (None: failures only)."""
-    return Loop(manifest, shards, perf, list(probes), store, bar, cluster, gates_of).run()
+    """Run every model's plan: its shards, probes and perf levels (retrying faults); write what they
+    produce; returns what failed. `gates_of` is what `after:` checks beside failures (None: failures only)."""
+    return Loop(manifest, plans, store, bar, cluster, gates_of).run()
 
 
 class Loop:
@@ -70,9 +67,7 @@ class Loop:
     def __init__(
         self,
         manifest: Manifest,
-        shards: list[Shard],
-        perf: list[PerfRun],
-        probes: list[ProbeRun],
+        plans: Sequence[ModelPlan],
         store: RunStore,
         bar: Progress,
         cluster: dict[str, float],
@@ -86,27 +81,23 @@ class Loop:
         if note is not None:
             bar.write(note)
         # Shards a killed run staged: scored now, not generated again (the rest of the area goes).
-        staged = self.staging.recover({s.shard_id for s in shards})
+        staged = self.staging.recover({s.shard_id for plan in plans for s in plan.shards})
         self.waiting = deque(
-            ModelRun(
-                m,
-                [s for s in shards if s.model == m.name],
-                [p for p in perf if p.model == m.name],
-                [p for p in probes if p.model == m.name],
+            AdmittedModel(
+                manifest.model(plan.model),
+                plan,
                 manifest,
                 reservation=self.reservation,
-                not_passed=functools.partial(self._not_passed, m.name),
+                not_passed=functools.partial(self._not_passed, plan.model),
                 take_turns=note is not None,
                 staging=self.staging,
                 staged=staged,
             )
-            for m in manifest.models
-            if any(s.model == m.name for s in shards)
-            or any(p.model == m.name for p in perf)
-            or any(p.model == m.name for p in probes)
+            for plan in plans
+            if plan
         )
-        self.active: list[ModelRun] = []
-        self.calls: dict[Any, tuple[ModelRun, str]] = {}
+        self.active: list[AdmittedModel] = []
+        self.calls: dict[Any, tuple[AdmittedModel, str]] = {}
         self.writer = ShardWriter(store, bar)
 
     def run(self) -> Outcome:
@@ -122,7 +113,7 @@ class Loop:
                         msg = f"scheduler stalled with {[r.model.name for r in self.active]} unfinished"
                         raise RuntimeError(msg)
                     continue
-                deadline = min(run.slots[name].current[2] for run, name in self.calls.values())  # type: ignore[index]
+                deadline = min(admitted.slots[name].current[2] for admitted, name in self.calls.values())  # type: ignore[index]
                 wait = None if deadline == math.inf else max(0.0, deadline - time.monotonic())
                 done, _ = ray.wait(list(self.calls), num_returns=1, timeout=wait)
                 if done:
@@ -131,8 +122,8 @@ class Loop:
                     self._expire()
                 self._retire()
         finally:
-            for run in self.active:
-                for slot in run.slots.values():
+            for admitted in self.active:
+                for slot in admitted.slots.values():
                     slot.stop()
             self.writer.stop()
         self.writer.wait()
@@ -142,34 +133,36 @@ class Loop:
     def _submit(self) -> None:
         """Send each idle actor its next call, except around a CPU perf level, which runs alone:
         while one waits, nothing new starts; once the calls in flight drain, it runs by itself."""
-        slots = [(run, name, slot) for run in self.active for name, slot in run.slots.items() if slot.handle]
+        slots = [
+            (admitted, name, slot) for admitted in self.active for name, slot in admitted.slots.items() if slot.handle
+        ]
         if any(s.current is not None and s.runs_alone(s.current[1]) for *_, s in slots):
             return
         held = any(s.current is None and s.exclusive_next for *_, s in slots)
-        for run, name, slot in slots:
+        for admitted, name, slot in slots:
             if slot.current is not None or not slot.queue or (held and not slot.exclusive_next):
                 continue
             if slot.exclusive_next and self.calls:
                 continue
-            if name != run.ref and run.scoring_backlog and isinstance(slot.queue[0], Generate):
+            if name != admitted.ref and admitted.scoring_backlog and isinstance(slot.queue[0], Generate):
                 continue
             if (call := slot.submit()) is not None:
-                self.calls[call] = (run, name)
+                self.calls[call] = (admitted, name)
                 if slot.current is not None and slot.runs_alone(slot.current[1]):
                     return
 
     def _admit(self) -> None:
         while self.waiting and (not self.active or fits(self.reservation, self.free)):
-            run = self.waiting.popleft()
-            self.free = {k: self.free.get(k, 0.0) - run.reservation.get(k, 0.0) for k in self.free}
-            self.outcome.timeline[run.model.name] = {"admitted_at": now()}
-            self.bar.started_model(run.model.name)
-            run.start()
-            self.active.append(run)
+            admitted = self.waiting.popleft()
+            self.free = {k: self.free.get(k, 0.0) - admitted.reservation.get(k, 0.0) for k in self.free}
+            self.outcome.timeline[admitted.model.name] = {"admitted_at": now()}
+            self.bar.started_model(admitted.model.name)
+            admitted.start()
+            self.active.append(admitted)
 
     def _not_passed(self, model: str, target: str) -> str | None:
         """Why `target` of `model` did not pass in this run: it failed, some of its work did, or its
-        gates failed (asked once all its rows are scored; see ModelRun._unsettled)."""
+        gates failed (asked once all its rows are scored; see AdmittedModel._unsettled)."""
         key = f"{model}/{target}"
         if key in self.outcome.failures:
             return self.outcome.failures[key]
@@ -183,88 +176,90 @@ class Loop:
             self.gate_verdicts[model, target] = self.gates_of(model, target)
         return self.gate_verdicts[model, target]
 
-    def _give_up(self, run: ModelRun, name: str, reason: str, *, failed: bool, work: Sequence[Work] = ()) -> None:
+    def _give_up(
+        self, admitted: AdmittedModel, name: str, reason: str, *, failed: bool, work: Sequence[Work] = ()
+    ) -> None:
         """Target `name` runs no more: it failed, or `after:` skipped it. It is recorded as failing,
         and `work` with everything it had queued as not done."""
-        slot, key = run.slots[name], f"{run.model.name}/{name}"
+        slot, key = admitted.slots[name], f"{admitted.model.name}/{name}"
         self.outcome.failures.setdefault(key, reason)
-        run.reference_failed = run.reference_failed or (failed and name == run.ref)
+        admitted.reference_failed = admitted.reference_failed or (failed and name == admitted.ref)
         self.bar.write(f"{'FAILED' if failed else 'SKIPPED'} {key}: {reason}")
         for w in [*work, *slot.queue, *slot.perf_todo]:
-            self._abandon(run, name, w, f"target failed: {reason}" if failed else reason)
+            self._abandon(admitted, name, w, f"target failed: {reason}" if failed else reason)
         slot.queue.clear()
         slot.perf_todo.clear()
 
     def _retire(self) -> None:
-        for run in self.active:
-            for name, reason in run.take_skipped():
-                self._give_up(run, name, reason, failed=False)
-        for run in [r for r in self.active if r.done]:
-            self.active.remove(run)
-            self.free = {k: v + run.reservation.get(k, 0.0) for k, v in self.free.items()}
-            self.outcome.timeline[run.model.name]["finished_at"] = now()
+        for admitted in self.active:
+            for name, reason in admitted.take_skipped():
+                self._give_up(admitted, name, reason, failed=False)
+        for admitted in [r for r in self.active if r.done]:
+            self.active.remove(admitted)
+            self.free = {k: v + admitted.reservation.get(k, 0.0) for k, v in self.free.items()}
+            self.outcome.timeline[admitted.model.name]["finished_at"] = now()
 
     def _expire(self) -> None:
         """A call past its deadline: kill the actor; the call then fails and takes the retry path."""
         import ray
 
         now = time.monotonic()
-        for run, name in list(self.calls.values()):
-            slot = run.slots[name]
+        for admitted, name in list(self.calls.values()):
+            slot = admitted.slots[name]
             if slot.current is not None and slot.current[2] <= now and slot.handle is not None:
-                self.bar.write(f"timeout: {run.model.name}/{name} {slot.current[1].label}; replacing the actor")
+                self.bar.write(f"timeout: {admitted.model.name}/{name} {slot.current[1].label}; replacing the actor")
                 ray.kill(slot.handle, no_restart=True)
                 slot.current = (slot.current[0], slot.current[1], math.inf)  # wait for the error now
 
     def _handle(self, call: Any) -> None:
         import ray
 
-        run, name = self.calls.pop(call)
-        slot = run.slots[name]
+        admitted, name = self.calls.pop(call)
+        slot = admitted.slots[name]
         assert slot.current is not None
         _, work, _ = slot.current
         slot.current = None
         try:
             result = ray.get(call)
         except Exception as e:  # noqa: BLE001  (any actor, engine or task error: retry or record)
-            self._failed(run, name, work, _reason(e))
+            self._failed(admitted, name, work, _reason(e))
         else:
             # Describe answered: the engine is up (a later failure is then a call's, not the target's).
             slot.alive = slot.alive or work.starts_actor
-            self._apply(run, name, work, work.on_result(slot, result))
-            self._maybe_release(run, name)
+            self._apply(admitted, name, work, work.on_result(slot, result))
+            self._maybe_release(admitted, name)
         # A scored shard or a reference shard may be what an `after:` target waited for.
-        run.start_waiting()
-        self._maybe_release(run, run.ref)
+        admitted.start_waiting()
+        self._maybe_release(admitted, admitted.ref)
 
-    def _maybe_release(self, run: ModelRun, name: str) -> None:
+    def _maybe_release(self, admitted: AdmittedModel, name: str) -> None:
         """Release a candidate once its parity work is done, the reference once all candidates'
         scoring is done; each first runs its perf levels, so they never overlap its own parity work."""
-        if name != run.ref and run.idle(name) and name in run.running:
-            self._release_or_perf(run, name)
-        if run.ref in run.running and run.idle(run.ref):
-            if run.candidates_done:
-                self._release_or_perf(run, run.ref)
-            elif run.take_turns:
-                run.release(run.ref)  # its turn is over: candidates go next; its perf levels at its last turn
+        if name != admitted.ref and admitted.idle(name) and name in admitted.running:
+            self._release_or_perf(admitted, name)
+        if admitted.ref in admitted.running and admitted.idle(admitted.ref):
+            if admitted.candidates_done:
+                self._release_or_perf(admitted, admitted.ref)
+            elif admitted.take_turns:
+                admitted.release(admitted.ref)  # its turn is over: candidates go next; its perf levels at its last turn
 
-    def _release_or_perf(self, run: ModelRun, name: str) -> None:
-        slot = run.slots[name]
+    def _release_or_perf(self, admitted: AdmittedModel, name: str) -> None:
+        slot = admitted.slots[name]
         if slot.perf_todo and slot.handle is not None:
             slot.queue.extend(slot.perf_todo)
             slot.perf_todo.clear()
         else:
-            run.release(name)
+            admitted.release(name)
 
-    def _failed(self, run: ModelRun, name: str, work: Work, reason: str) -> None:
-        slot, key = run.slots[name], f"{run.model.name}/{name}"
+    def _failed(self, admitted: AdmittedModel, name: str, work: Work, reason: str) -> None:
+        slot, key = admitted.slots[name], f"{admitted.model.name}/{name}"
         if work.starts_actor or not slot.alive:
             # The actor could not start (the model does not load, no such device...): the whole
             # target fails; its candidates' rows are written unscored if it was the reference.
-            self._give_up(run, name, reason, failed=True, work=[work])
-            run.release(name)
-            for n in list(run.running):
-                self._maybe_release(run, n)
+            self._give_up(admitted, name, reason, failed=True, work=[work])
+            admitted.release(name)
+            for n in list(admitted.running):
+                self._maybe_release(admitted, n)
             return
         slot.stop()
         if work.attempt < self.manifest.run.max_attempts:
@@ -272,22 +267,22 @@ class Loop:
             self.bar.write(f"retry {work.attempt + 1}/{self.manifest.run.max_attempts} {key} {work.label}: {reason}")
             slot.queue.appendleft(work.retried())
         else:
-            self._abandon(run, name, work, reason)
+            self._abandon(admitted, name, work, reason)
         # A fresh actor also for perf levels still to run, and for a reference still to score with.
-        if run.needs(name):
+        if admitted.needs(name):
             slot.launch()
         else:
-            run.release(name)
-        self._maybe_release(run, name)
+            admitted.release(name)
+        self._maybe_release(admitted, name)
 
-    def _abandon(self, run: ModelRun, name: str, work: Work, reason: str) -> None:
-        self._apply(run, name, work, work.on_abandon(run.slots[name], reason))
+    def _abandon(self, admitted: AdmittedModel, name: str, work: Work, reason: str) -> None:
+        self._apply(admitted, name, work, work.on_abandon(admitted.slots[name], reason))
 
-    def _apply(self, run: ModelRun, name: str, work: Work, effects: Effects) -> None:
+    def _apply(self, admitted: AdmittedModel, name: str, work: Work, effects: Effects) -> None:
         """Carry out what should follow `work` on target `name`, which has ended (its result is
-        in, or it was given up): the one place work changes the run."""
-        key, slot = f"{run.model.name}/{name}", run.slots[name]
-        run.ended(work)
+        in, or it was given up): the one place work changes the admitted."""
+        key, slot = f"{admitted.model.name}/{name}", admitted.slots[name]
+        admitted.ended(work)
         if effects.provenance is not None:
             self.outcome.provenance[key] = effects.provenance
         slot.smoked = slot.smoked or effects.smoked
@@ -298,19 +293,19 @@ class Loop:
         for write in effects.writes:
             self.store.write(write.table, write.key, write.rows)
         if effects.score is not None:
-            self._to_reference(run, effects.score)
+            self._to_reference(admitted, effects.score)
         if effects.shard is not None:
             self.writer.write(effects.shard)
         if effects.progress:
-            self.bar.update(effects.progress, model=run.model.name)
+            self.bar.update(effects.progress, model=admitted.model.name)
 
-    def _to_reference(self, run: ModelRun, score: Score) -> None:
+    def _to_reference(self, admitted: AdmittedModel, score: Score) -> None:
         """A candidate's shard goes to the reference: held in memory for it while it is up beside
         the candidates; staged on disk when the model takes turns (the candidate's actor may go once
         they are stored); written unscored when there is no reference (left) to score with."""
-        if run.take_turns and not run.reference_failed:
-            run.stage(score.shard, self.staging.put(score.gen))
-        elif not run.to_score(score):
+        if admitted.take_turns and not admitted.reference_failed:
+            admitted.stage(score.shard, self.staging.put(score.gen))
+        elif not admitted.to_score(score):
             self.writer.write(score.unscored)
 
 

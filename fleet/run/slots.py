@@ -1,6 +1,6 @@
 """The scheduler's view of the actors: an `ActorSlot` is the driver's handle on one target's
 `TargetActor` (actors/target_actor.py) for one model, fed one call (a `Work`, fleet/run/work.py)
-at a time; a `ModelRun` is one model's slots, started and released as the work and the model's
+at a time; an `AdmittedModel` is one model's slots, started and released as the work and the model's
 share of the cluster allow."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from fleet.contracts.targets import TargetArgs
     from fleet.results.staging import Staging
     from fleet.run.manifest import Manifest
-    from fleet.run.plan import PerfRun, ProbeRun
+    from fleet.run.plan import ModelPlan
 
 # Candidate shards a model may hold in the driver unscored: this bounds the driver's memory.
 MAX_UNSCORED = 8
@@ -89,7 +89,7 @@ class ActorSlot:
         self.alive = False
 
 
-class ModelRun:
+class AdmittedModel:
     """One model: its slots, the shards still to generate, and scoring by the reference.
 
     When its targets take turns (`take_turns`, fleet/run/placement.py), the reference and the
@@ -101,9 +101,7 @@ class ModelRun:
     def __init__(
         self,
         model: ModelSpec,
-        shards: list[Shard],
-        perf: list[PerfRun],
-        probes: list[ProbeRun],
+        plan: ModelPlan,
         manifest: Manifest,
         *,
         reservation: dict[str, float],
@@ -122,14 +120,14 @@ class ModelRun:
         self.skipped: dict[str, str] = {}  # target -> why it was not run (`after:` did not pass)
         self.ref = manifest.reference
         self.slots = {t.name: ActorSlot(t, model, manifest) for t in manifest.targets}
-        for shard in shards:
+        for shard in plan.shards:
             if staged and shard.shard_id in staged:
                 self.stage(shard, staged[shard.shard_id])
             else:
                 self.slots[shard.target].queue.append(Generate(shard))
-        for probe in probes:
+        for probe in plan.probes:
             self.slots[probe.target].queue.append(Probe(probe))
-        for level in perf:
+        for level in plan.perf:
             self.slots[level.target].perf_todo.append(Perf(level))
         # Targets with nothing to do (all done, e.g. on resume) never start; smoke checks are work
         # too (a dummy-weight server's only job can be its smoke gate, 003's Stage A).

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from fleet.contracts.targets import TargetArgs
     from fleet.results.staging import Staging
     from fleet.run.manifest import Manifest
-    from fleet.run.plan import PerfRun, ProbeRun
+    from fleet.run.plan import PerfLevel, ProbeCall
 
 
 class SlotView(Protocol):
@@ -234,7 +234,7 @@ class ScoreStaged(Work):
 class Probe(Work):
     """A deep probe (full-vocabulary logprobs, or hidden states) on the manifest's prompt set."""
 
-    probe: ProbeRun
+    probe: ProbeCall
 
     @property
     def label(self) -> str:
@@ -254,14 +254,14 @@ class Probe(Work):
         return Effects(writes=(Write(self.probe.kind, f"{_where(slot)}/{prompt_set}/probe", result),))
 
     def on_abandon(self, slot: SlotView, reason: str) -> Effects:
-        return Effects(failed_shard=(self.probe.run_id, reason))
+        return Effects(failed_shard=(self.probe.key, reason))
 
 
 @dataclass(frozen=True)
 class Perf(Work):
     """One concurrency level of a perf scenario; a target's levels run after its parity work."""
 
-    level: PerfRun
+    level: PerfLevel
     alone_on_cpu: ClassVar[bool] = True
 
     def submit(self, slot: SlotView) -> tuple[Any, float]:
@@ -270,14 +270,14 @@ class Perf(Work):
         return slot.handle.perf.remote(scenario, self.level.level, prompts), slot.manifest.run.shard_timeout_s
 
     def on_result(self, slot: SlotView, result: PerfResult) -> Effects:
-        run_id = self.level.run_id
+        run_id = self.level.key
         return Effects(
             writes=(Write("perf_requests", run_id, result.requests), Write("perf_levels", run_id, result.level)),
             progress=1,
         )
 
     def on_abandon(self, slot: SlotView, reason: str) -> Effects:
-        return Effects(failed_shard=(self.level.run_id, reason), progress=1)
+        return Effects(failed_shard=(self.level.key, reason), progress=1)
 
 
 def _non_finite(tokens: pa.Table) -> bool:
