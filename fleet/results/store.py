@@ -5,10 +5,11 @@ Layout (results/README.md), Hive-style so that Polars, DuckDB, Spark and Trino r
 Every file also carries those key columns and `run_id`, so a plain glob reads it too.
 A run directory is a local path or a URI pyarrow has a filesystem for (s3://bucket/prefix/run_id;
 `locate` says how the endpoint is chosen). A file appears whole or not at all, so a crash never
-leaves a half-written file under a name that readers pick up: locally it is written to a hidden
-temp name, fsynced and renamed into place; an object store has no rename but shows an object only
-once its upload is complete, so there it is built in memory and put in one request.
-run.json says whether the run finished.
+leaves a half-written file under a name that readers pick up (fleet/results/atomic.py); on an object
+store a Parquet file is built in memory and put in one request.
+run.json says whether the run finished; each write of it also updates the catalog of the results
+root the run is in (<results_root>/_catalog, fleet/results/catalog_files.py), which `fleet runs`
+reads instead of every run.json.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from fleet.contracts import schema
 from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import inside
 from fleet.contracts.spec import PROBE_KINDS, ProbeKind
+from fleet.results import catalog_files
+from fleet.results.atomic import put, sync_and_rename
 
 RUN_JSON = "run.json"
 # Where rows wait uncommitted (fleet/results/staging.py): a dot directory, which no reader lists.
@@ -129,11 +132,11 @@ class RunStore:
         if self.local:  # straight to the temp file: no in-memory copy of a big shard
             tmp = self._temp(path)
             pq.write_table(data, tmp, compression="zstd", compression_level=1)
-            _sync_and_rename(tmp, path)
+            sync_and_rename(tmp, path)
         else:
             sink = pa.BufferOutputStream()
             pq.write_table(data, sink, compression="zstd", compression_level=1)
-            self._put(path, sink.getvalue())
+            put(self.fs, path, sink.getvalue())
         return self.shard_path(table, shard_id, weights, staged=staged)
 
     @property
@@ -178,7 +181,16 @@ class RunStore:
         return result
 
     def write_info(self, info: dict[str, Any]) -> None:
-        self._put(f"{self.root}/{RUN_JSON}", json.dumps(info, indent=2, default=str).encode())
+        """Write run.json, then the run's catalog entry: every writer of run.json (the driver at
+        start, resume and end, `fleet run` recording the gate verdict) comes through here."""
+        path = f"{self.root}/{RUN_JSON}"
+        put(self.fs, path, json.dumps(info, indent=2, default=str).encode())
+        try:
+            # A stat is one system call here, one more request on an object store (not taken there).
+            run_json = catalog_files.stat(self.fs.get_file_info(path)) if self.local else None
+            catalog_files.record(self.fs, self.root, info, run_json)
+        except OSError:  # the catalog is a cache: `fleet runs` still finds the run from its run.json
+            pass
 
     def update_info(self, **changes: Any) -> None:
         self.write_info(self.info() | changes)
@@ -189,27 +201,7 @@ class RunStore:
         self.fs.create_dir(directory, recursive=True)
         return f"{directory}/.{name}.tmp"
 
-    def _put(self, path: str, data: bytes | pa.Buffer) -> None:
-        """`path` holds `data` whole or not at all (see the module docstring)."""
-        if self.local:
-            tmp = self._temp(path)
-            Path(tmp).write_bytes(data)
-            _sync_and_rename(tmp, path)
-        else:
-            with self.fs.open_output_stream(path) as out:
-                out.write(data)
-
 
 def _layout(table: str, shard_id: str, weights: str) -> list[str]:
     model, target, prompt_set, chunk = shard_id.split("/")
     return [table, f"model={model}", f"model_weights={weights}", f"target={target}", f"{prompt_set}-{chunk}.parquet"]
-
-
-def _sync_and_rename(tmp: str, path: str) -> None:
-    """Flush `tmp` to disk before it takes `path`'s name: after a power cut a file that is there is whole."""
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    Path(tmp).replace(path)

@@ -1,0 +1,42 @@
+"""Files that appear whole or not at all, locally and on an object store.
+
+Locally a file is written to a hidden temp name, fsynced and renamed into place; an object store has
+no rename but shows an object only once its upload is complete, so there it is put in one request.
+A reader therefore never sees half a file under a name it picks up (readers skip dot-files).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+
+def put(fs: pafs.FileSystem, path: str, data: bytes | pa.Buffer) -> None:
+    """`path` holds `data` whole or not at all. The local temp name is unique to this call: two
+    processes writing one file (readers refreshing a catalog) must not write into each other's."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        directory, name = path.rsplit("/", 1)
+        fs.create_dir(directory, recursive=True)
+        tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+        try:
+            Path(tmp).write_bytes(data)
+            sync_and_rename(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)  # only left when the write failed
+    else:
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+
+
+def sync_and_rename(tmp: str, path: str) -> None:
+    """Flush `tmp` to disk before it takes `path`'s name: after a power cut a file that is there is whole."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    Path(tmp).replace(path)
