@@ -84,7 +84,7 @@ EXAMPLES = {
 def tables(run_dir: str | Path) -> Tables:
     """The stored tables of run_dir (a local directory or a URI) by name: the three of fleet.schema
     plus any other Parquet directory; of a results root, every run's, stacked."""
-    if not catalog.is_run(run_dir) and _is_root(run_dir):
+    if not catalog.is_run(run_dir) and catalog.is_root(run_dir):
         return catalog.stacked(run_dir)
     fs, root = store.locate(run_dir)
     try:
@@ -102,13 +102,6 @@ def tables(run_dir: str | Path) -> Tables:
         if files and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", sub):  # a name SQL can say unquoted
             found[sub] = reader.scan(fs, files)
     return found
-
-
-def _is_root(where: str | Path) -> bool:
-    try:
-        return bool(catalog.run_dirs(where))
-    except UserError:
-        return False
 
 
 def _settings(run_dir: str | Path) -> Settings | None:

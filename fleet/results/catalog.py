@@ -2,35 +2,36 @@
 the runs it holds (`fleet runs`) and every stored table of every run stacked on `run_id`
 (`fleet query RESULTS_ROOT`).
 
-Only run.json files are read to list runs; the tables stay lazy scans of the runs' Parquet
-files, so a query reads only the columns and row groups it needs.
+Both answer from the root's catalog (fleet/results/catalog_files.py) and listings, not by opening
+every run.json: over 1,000 runs that is milliseconds instead of seconds (benchmarks/runs_scale.py).
+The catalog is checked against the root, never trusted blindly:
+- the run directories are listed (one request per 1,000 on S3) and matched with its entries: a run
+  copied in by hand, or a catalog deleted or damaged, is read from its run.json, and the rows read
+  are cached for the next reader;
+- locally each run.json is also stat'ed (a system call, no read): one changed behind the catalog's
+  back (edited by hand; or a writer killed between run.json and its entry) is read again. On an
+  object store that stat would be one request per run, the cost the catalog exists to avoid, so
+  there an entry stands for its run.json; deleting <root>/_catalog has every run.json read again.
+The tables stay lazy scans of the runs' Parquet files, so a query reads only the columns and row
+groups it needs.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 import pyarrow.fs as pafs
 
+from fleet.contracts import schema
 from fleet.contracts.errors import UserError
-from fleet.results import reader, store
-from fleet.results.info import RunInfo
+from fleet.results import catalog_files, reader, store
+from fleet.results.catalog_files import SUMMARY, Row
 from fleet.results.store import RUN_JSON
 
-RUNS_SCHEMA = {
-    "run_id": pl.String,
-    "status": pl.String,
-    "models": pl.String,
-    "targets": pl.String,
-    "reference": pl.String,
-    "gates": pl.String,
-    "started_at": pl.String,
-    "finished_at": pl.String,
-    "schema_version": pl.Int64,
-    "run_dir": pl.String,
-}
+_TYPES = {str: pl.String, int: pl.Int64}
+RUNS_SCHEMA = {name: _TYPES[kind] for name, kind in SUMMARY.items()} | {"run_dir": pl.String}
 
 
 def is_run(where: str | Path) -> bool:
@@ -38,47 +39,104 @@ def is_run(where: str | Path) -> bool:
     return fs.get_file_info(f"{root}/{RUN_JSON}").type == pafs.FileType.File
 
 
+def is_root(where: str | Path) -> bool:
+    """Whether `where` is a directory holding runs. A damaged run.json there is an error, not a no."""
+    fs, root = store.locate(where)
+    try:
+        directory = fs.get_file_info(root).type == pafs.FileType.Directory
+    except (OSError, ValueError):  # ValueError: a NUL in the path
+        return False
+    return directory and bool(_rows(where))
+
+
 def run_dirs(results_root: str | Path) -> list[str | Path]:
     """Every run directory directly under `results_root` (one holding a run.json), by name."""
-    fs, root = store.locate(results_root)
-    if fs.get_file_info(root).type != pafs.FileType.Directory:
-        msg = f"{results_root}: no such results directory"
-        raise UserError(msg)
-    subdirs = sorted(d.base_name for d in fs.get_file_info(pafs.FileSelector(root)) if d.type == pafs.FileType.Directory)
-    found = fs.get_file_info([f"{root}/{name}/{RUN_JSON}" for name in subdirs])
-    return [store.join(results_root, name) for name, f in zip(subdirs, found, strict=True) if f.type == pafs.FileType.File]
+    return [store.join(results_root, name) for name in sorted(_rows(results_root))]
 
 
 def runs(results_root: str | Path) -> pl.DataFrame:
     """One row per run: id, status, models, targets, gate verdict (as `fleet run` recorded it), times."""
-    rows = [_summary(reader.read_info(d), d) for d in run_dirs(results_root)]
-    return pl.DataFrame(rows, schema=RUNS_SCHEMA).sort("started_at", nulls_last=True)
+    return _frame(results_root, _rows(results_root))
 
 
-def _summary(info: RunInfo, run_dir: str | Path) -> dict[str, Any]:
-    return {
-        "run_id": info.run_id,
-        "status": info.status,
-        "models": ", ".join(info.model_names),
-        "targets": ", ".join(t["name"] for t in info.targets),
-        "reference": info.reference,
-        "gates": info.gates or "not recorded",
-        "started_at": info.started_at,
-        "finished_at": info.finished_at,
-        "schema_version": info.schema_version,
-        "run_dir": str(run_dir),
-    }
+def _frame(results_root: str | Path, rows: dict[str, Row]) -> pl.DataFrame:
+    listed = [
+        {k: row.get(k) for k in SUMMARY} | {"run_dir": str(store.join(results_root, n))} for n, row in rows.items()
+    ]
+    return pl.DataFrame(listed, schema=RUNS_SCHEMA).sort("started_at", "run_id", nulls_last=True)
+
+
+def _rows(results_root: str | Path) -> dict[str, Row]:
+    """The listing row of every run under `results_root` by directory name, from the catalog where
+    it is current, else from the run's run.json (see the module docstring)."""
+    fs, root = store.locate(results_root)
+    if fs.get_file_info(root).type != pafs.FileType.Directory:
+        msg = f"{results_root}: no such results directory"
+        raise UserError(msg)
+    listing = fs.get_file_info(pafs.FileSelector(root))
+    # `_catalog`, and hidden or temp directories: never a run (run ids start with a letter or digit).
+    names = sorted(d.base_name for d in listing if d.type == pafs.FileType.Directory and d.base_name[0] not in "_.")
+    known, entries, changed = catalog_files.read(fs, root)
+    local = isinstance(fs, pafs.LocalFileSystem)
+    checked = names if local else [name for name in names if name not in known]
+    stats = dict(zip(checked, fs.get_file_info([f"{root}/{name}/{RUN_JSON}" for name in checked]), strict=True))
+    rows: dict[str, Row] = {}
+    unread: list[str] = []
+    for name in names:
+        found = stats.get(name)
+        if found is not None and found.type != pafs.FileType.File:
+            continue  # no run.json: not a run (whatever an entry says)
+        row = known.get(name)
+        if row is None or (found is not None and row.get("run_json") != catalog_files.stat(found)):
+            unread.append(name)
+        else:
+            rows[name] = row
+    with ThreadPoolExecutor(16) as pool:  # one GET each on S3; damaged run.json files fail as before
+        infos = pool.map(lambda name: reader.read_info(store.join(results_root, name)), unread)
+        for name, info in zip(unread, infos, strict=True):
+            run_json = catalog_files.stat(stats[name]) if local else None
+            rows[name] = catalog_files.summary(info.stored, name) | {"run_json": run_json, "entry": entries.get(name)}
+    if changed or unread or set(known) != set(rows):
+        catalog_files.save(fs, root, rows)
+    return rows
 
 
 def stacked(results_root: str | Path) -> dict[str, pl.LazyFrame]:
     """Every stored table of every run under `results_root`, stacked (each row has its run_id),
-    plus `runs`. Tables only some runs have are stacked from those."""
+    plus `runs`. Tables only some runs have are stacked from those; a table no run has is empty."""
+    rows = _rows(results_root)
+    fs, root = store.locate(results_root)
+    # A run's schema version (from the catalog) stands for its files': `fleet run --resume` never
+    # adds files of another version. So a current run's files are scanned unopened, found by one
+    # listing; older runs are loaded one by one, their footers checked (schema 2 lacks run_id).
+    current = {name for name, row in rows.items() if row.get("schema_version") == schema.SCHEMA_VERSION}
+    files = _files(fs, root, current)
     frames: dict[str, list[pl.LazyFrame]] = {}
-    for run_dir in run_dirs(results_root):
-        for name, frame in reader.load(run_dir).items():
-            frames.setdefault(name, []).append(frame)
-    out = {name: pl.concat(parts, how="diagonal_relaxed") for name, parts in frames.items()}
-    return out | {"runs": runs(results_root).lazy()}
+    for table, arrow_schema in schema.all_tables().items():
+        frames[table] = [reader.scan(fs, files[table], arrow_schema)] if files.get(table) else []
+    for name in sorted(set(rows) - current):
+        for table, frame in reader.load(store.join(results_root, name)).items():
+            frames.setdefault(table, []).append(frame)
+    out = {
+        table: pl.concat(parts, how="diagonal_relaxed") if parts else reader.empty(schema.all_tables()[table])
+        for table, parts in frames.items()
+    }
+    return out | {"runs": _frame(results_root, rows).lazy()}
+
+
+def _files(fs: pafs.FileSystem, root: str, runs: set[str]) -> dict[str, list[str]]:
+    """Table name -> the Parquet files of that table in `runs`, in path order, from one listing of
+    the root (on S3 one request per 1,000 files, not one per run and table)."""
+    tables = schema.all_tables()
+    out: dict[str, list[str]] = {}
+    if not runs:
+        return out
+    for f in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        parts = f.path[len(root) + 1 :].split("/")
+        wanted = len(parts) > 2 and parts[0] in runs and parts[1] in tables
+        if wanted and f.type == pafs.FileType.File and f.base_name.endswith(".parquet") and f.base_name[0] != ".":
+            out.setdefault(parts[1], []).append(f.path)
+    return {table: sorted(paths, key=lambda p: p.split("/")) for table, paths in out.items()}
 
 
 def render_runs(frame: pl.DataFrame) -> str:
@@ -89,6 +147,6 @@ def render_runs(frame: pl.DataFrame) -> str:
 
 
 def record_verdict(run_dir: str | Path, verdict: str) -> None:
-    """Put the gate verdict `fleet run` printed into run.json, so `fleet runs` lists it unread."""
+    """Put the gate verdict `fleet run` printed into run.json (and so into the catalog entry
+    RunStore.write_info writes with it), so `fleet runs` lists it unread."""
     store.RunStore(run_dir).update_info(gates=verdict)
-

@@ -8,11 +8,11 @@ files of another schema version.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -77,7 +77,7 @@ def load(run_dir: str | Path) -> dict[str, pl.LazyFrame]:
         # Refuse files written under another schema version rather than misread a column.
         versions = set()
         with ThreadPoolExecutor(8) as pool:  # one footer each: a round trip per file on S3
-            footers = pool.map(lambda f: _footer(fs, f, arrow_schema), files)
+            footers = pool.map(functools.partial(_footer, fs, declared=arrow_schema), files)
             for file, footer in zip(files, footers, strict=True):
                 version = footer.get(b"fleet.schema_version", b"").decode(errors="replace") or None
                 versions.add(version)
@@ -86,7 +86,7 @@ def load(run_dir: str | Path) -> dict[str, pl.LazyFrame]:
                     msg = f"{where}: schema version {version}, this reader understands "
                     msg += ", ".join(schema.READABLE_VERSIONS)
                     raise UserError(msg)
-        frame = scan(fs, files, arrow_schema) if files else _empty(arrow_schema)
+        frame = scan(fs, files, arrow_schema) if files else empty(arrow_schema)
         if "2" in versions:  # schema 2 had no run_id: one run per directory, named in run.json
             frame = frame.with_columns(pl.col("run_id").fill_null(pl.lit(_run_id(run_dir), pl.String)))
         frames[name] = frame
@@ -108,6 +108,8 @@ def _footer(fs: pafs.FileSystem, file: str, declared: pa.Schema) -> dict[bytes, 
         msg = f"{cut(where, 200)}: its columns are not the {declared.metadata[b'fleet.table'].decode()} table's"
         raise UserError(msg)
     return footer
+
+
 def _run_id(run_dir: str | Path) -> str:
     try:
         return str(RunStore(run_dir).info().get("run_id") or run_dir)
@@ -123,7 +125,7 @@ def scan(fs: pafs.FileSystem, files: list[str], declared: pa.Schema | None = Non
     if isinstance(fs, pafs.LocalFileSystem):
         if declared is None:
             return pl.scan_parquet(files, hive_partitioning=False)
-        declared_frame = _empty(declared)
+        declared_frame = empty(declared)
         return pl.scan_parquet(
             files, hive_partitioning=False, schema=declared_frame.collect_schema(), missing_columns="insert"
         )
@@ -132,7 +134,8 @@ def scan(fs: pafs.FileSystem, files: list[str], declared: pa.Schema | None = Non
     return pl.scan_pyarrow_dataset(dataset, allow_pyarrow_filter=False)
 
 
-def _empty(arrow_schema: pa.Schema) -> pl.LazyFrame:
+def empty(arrow_schema: pa.Schema) -> pl.LazyFrame:
+    """A typed frame of no rows: a table no file holds still has its columns."""
     frame = pl.from_arrow(arrow_schema.empty_table())
     assert isinstance(frame, pl.DataFrame)  # a Table always converts to a DataFrame
     return frame.lazy()
