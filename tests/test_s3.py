@@ -30,7 +30,7 @@ from fleet.contracts.errors import UserError
 from fleet.report import compare
 from fleet.report import html as html_report
 from fleet.report.model import RunReport
-from fleet.results import reader, store
+from fleet.results import catalog, reader, store
 from fleet.results.store import RunStore
 
 MANIFEST = textwrap.dedent(
@@ -185,3 +185,42 @@ def test_run_report_and_resume_from_s3(
     tokens = reader.load(uri)["tokens"].collect().select(*keys, "token_id", "logprob").sort(keys)
     assert tokens.equals(t["tokens"].select(*keys, "token_id", "logprob").sort(keys))
     assert tokens.filter(pl.col("target") == "cand").height == 4 * 8
+
+
+def test_runs_on_s3_come_from_the_catalog(s3: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fleet runs` on an object store: one listing of the root, one of the catalog, one GET of its
+    runs.json; a run put there by hand (no entry) is found, and so is every run with no catalog."""
+    root = f"{s3}/many"
+    row = {"model": ["m"], "model_weights": ["w"], "target": ["t"], "prompt_set": ["s"], "shard_id": ["m/t/s/00000"]}
+    for name in ("a", "b"):
+        run = RunStore.create(f"{root}/{name}", {"run_id": name, "reference": "ref"})
+        run.write("shards", "m/t/s/00000", pa.table(row))
+        run.update_info(status="complete")
+    catalog.record_verdict(f"{root}/b", "PASS")
+    entries = [key.rsplit("/", 1)[-1].split(".")[0] for key in objects(f"{root}/_catalog/entries")]
+    assert sorted(entries) == ["a", "b"]  # one per run: older ones deleted
+    catalog.runs(root)  # writes runs.json
+
+    fs, _ = store.locate(root)
+    for key, data in objects(f"{root}/a").items():  # copied by hand, under another name
+        copy = json.loads(data) | {"run_id": "copied"} if key.endswith("/run.json") else None
+        with fs.open_output_stream(key.replace("/many/a/", "/many/copied/")) as out:
+            out.write(data if copy is None else json.dumps(copy).encode())
+    read: list[str] = []
+    original = RunStore.info
+    monkeypatch.setattr(RunStore, "info", lambda self: read.append(str(self.run_dir)) or original(self))
+    listed = catalog.runs(root).sort("run_id")
+    assert listed.select("run_id", "status", "gates").rows() == [
+        ("a", "complete", "not recorded"),
+        ("b", "complete", "PASS"),
+        ("copied", "complete", "not recorded"),
+    ]
+    assert read == [f"{root}/copied"]
+    read.clear()
+    assert catalog.runs(root).height == 3 and query.query(root, "SELECT COUNT(*) AS n FROM shards")["n"].item() == 3
+    assert read == []  # the copied run's row is cached in runs.json; stacking reads no run.json
+
+    for key in objects(f"{root}/_catalog"):  # no catalog at all: every run read from its run.json
+        fs.delete_file(key)
+    assert catalog.runs(root).sort("run_id")["run_id"].to_list() == ["a", "b", "copied"]
+    assert sorted(read) == [f"{root}/{name}" for name in ("a", "b", "copied")]
