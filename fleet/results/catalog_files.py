@@ -57,7 +57,8 @@ SUMMARY: dict[str, type] = {
 
 def summary(info: dict[str, Any], run: str) -> Row:
     """The listing row of a run from its run.json."""
-    manifest = info.get("manifest_resolved") or {}
+    manifest = info.get("manifest_resolved")
+    manifest = manifest if isinstance(manifest, dict) else {}
     version = info.get("schema_version")
     return {
         "run_id": str(info.get("run_id") or run),
