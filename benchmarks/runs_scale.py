@@ -10,13 +10,17 @@ engine runs. Printed, each the best of --rounds (other load on the machine only 
 - the fallback with <root>/_catalog deleted before every round (every run.json read, as before the
   catalog), and the round after it (the rows read are cached again);
 - with --before CHECKOUT: the CLI of another checkout (e.g. main before the catalog) on the same root.
+--root s3://bucket/prefix builds the runs there instead of in a temp directory (the endpoint as for
+`fleet run --results`, e.g. FLEET_S3_ENDPOINT; a moto_server on 127.0.0.1 will do), and removes them
+at the end.
 
-    .venv/bin/python benchmarks/runs_scale.py [--runs 1000] [--rounds 3] [--before /path/to/checkout]
+    .venv/bin/python benchmarks/runs_scale.py [--runs 1000] [--rounds 3] [--before CHECKOUT] [--root URI]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -65,20 +69,21 @@ def small_run() -> list[tuple[str, str, object]]:
     return out
 
 
-def build(root: Path, runs: int) -> None:
+def build(root: str, runs: int) -> None:
     """`runs` copies of the small run under `root`, each written as `fleet run` writes one."""
     from fleet.results import catalog
-    from fleet.results.store import RunStore
+    from fleet.results.store import RunStore, join
 
     rows = small_run()
     manifest = {"models": [{"name": "m"}], "targets": [{"name": "ref"}, {"name": "cand"}]}
     for i in range(runs):
         run_id = f"run-{i:05d}"
-        store = RunStore.create(root / run_id, {"run_id": run_id, "reference": "ref", "manifest_resolved": manifest})
+        info = {"run_id": run_id, "reference": "ref", "manifest_resolved": manifest}
+        store = RunStore.create(join(root, run_id), info)
         for table, shard, data in rows:
             store.write(table, shard, data)  # type: ignore[arg-type]
         store.update_info(status="complete", finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        catalog.record_verdict(root / run_id, "PASS")
+        catalog.record_verdict(join(root, run_id), "PASS")
 
 
 def best(fn: Callable[[], object], rounds: int, before: Callable[[], object] = lambda: None) -> float:
@@ -92,7 +97,8 @@ def best(fn: Callable[[], object], rounds: int, before: Callable[[], object] = l
 
 
 def cli(checkout: Path, *argv: str) -> Callable[[], None]:
-    env = {"PYTHONPATH": str(checkout), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "FLEET_S3"))}  # an S3 root's endpoint
+    env |= {"PYTHONPATH": str(checkout), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
     def run() -> None:
         # cwd: `python -m` puts it first on sys.path, ahead of PYTHONPATH
@@ -110,12 +116,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--before", type=Path, help="another checkout whose CLI to time on the same root")
+    parser.add_argument("--root", help="a results root URI to build in (default: a temp directory)")
     args = parser.parse_args()
 
     from fleet.analysis import query
-    from fleet.results import catalog
+    from fleet.results import catalog, store
 
-    root = Path(tempfile.mkdtemp(prefix="fleet-runs-scale-")) / "results"
+    root = args.root or str(Path(tempfile.mkdtemp(prefix="fleet-runs-scale-")) / "results")
+    fs, path = store.locate(root)
     t0 = time.perf_counter()
     build(root, args.runs)
     print(f"built {args.runs} runs under {root} in {time.perf_counter() - t0:.1f} s")
@@ -135,7 +143,8 @@ def main() -> None:
     assert query.query(root, SQL_ALL).row(0) == (args.runs * 2 * 4 * 8, args.runs)  # 2 targets, 4 x 8 tokens
 
     def drop() -> None:
-        shutil.rmtree(root / "_catalog", ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_dir(f"{path}/_catalog")
 
     figures["runs, no catalog, in-process"] = best(lambda: catalog.runs(root), args.rounds, before=drop)
     figures["fleet runs, no catalog (CLI)"] = best(cli(ROOT, "runs", str(root)), args.rounds, before=drop)
@@ -149,7 +158,9 @@ def main() -> None:
     for name, seconds in figures.items():
         print(f"  {name:<58} {seconds:7.3f} s")
     print(json.dumps({"runs": args.runs, **{k: round(v, 4) for k, v in figures.items()}}))
-    shutil.rmtree(root.parent)
+    fs.delete_dir(path)
+    if not args.root:
+        shutil.rmtree(Path(path).parent)
 
 
 if __name__ == "__main__":
