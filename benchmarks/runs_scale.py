@@ -86,13 +86,15 @@ def build(root: str, runs: int) -> None:
         catalog.record_verdict(join(root, run_id), "PASS")
 
 
-def best(fn: Callable[[], object], rounds: int, before: Callable[[], object] = lambda: None) -> float:
+def best(name: str, fn: Callable[[], object], rounds: int, before: Callable[[], object] = lambda: None) -> float:
+    """The fastest of `rounds` calls of `fn` (each after `before`), printed as soon as it is known."""
     times = []
     for _ in range(rounds):
         before()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+    print(f"  {name:<58} {min(times):7.3f} s", flush=True)
     return min(times)
 
 
@@ -132,31 +134,31 @@ def main() -> None:
     t0 = time.perf_counter()
     assert catalog.runs(root).height == args.runs
     print(f"  first listing, runs.json not yet written (reads every entry): {time.perf_counter() - t0:.3f} s")
-    figures = {
-        "runs, in-process": best(lambda: catalog.runs(root), args.rounds),
-        "query (last 30 runs), in-process": best(lambda: query.query(root, SQL), args.rounds),
-        "query (all rows), in-process": best(lambda: query.query(root, SQL_ALL), args.rounds),
-        "fleet runs (CLI)": best(cli(ROOT, "runs", str(root)), args.rounds),
-        "fleet query, last 30 runs (CLI)": best(cli(ROOT, "query", str(root), SQL), args.rounds),
-        "fleet query, all rows (CLI)": best(cli(ROOT, "query", str(root), SQL_ALL), args.rounds),
-    }
+    print(f"\n{args.runs} runs, best of {args.rounds} rounds (the fallback's query and --before: one round)")
+    figures: dict[str, float] = {}
+
+    def measure(name: str, fn: Callable[[], object], rounds: int, before: Callable[[], object] = lambda: None) -> None:
+        figures[name] = best(name, fn, rounds, before)
+
+    measure("runs, in-process", lambda: catalog.runs(root), args.rounds)
+    measure("query (last 30 runs), in-process", lambda: query.query(root, SQL), args.rounds)
+    measure("query (all rows), in-process", lambda: query.query(root, SQL_ALL), args.rounds)
+    measure("fleet runs (CLI)", cli(ROOT, "runs", root), args.rounds)
+    measure("fleet query, last 30 runs (CLI)", cli(ROOT, "query", root, SQL), args.rounds)
+    measure("fleet query, all rows (CLI)", cli(ROOT, "query", root, SQL_ALL), args.rounds)
     assert query.query(root, SQL_ALL).row(0) == (args.runs * 2 * 4 * 8, args.runs)  # 2 targets, 4 x 8 tokens
 
     def drop() -> None:
         with contextlib.suppress(FileNotFoundError):
             fs.delete_dir(f"{path}/_catalog")
 
-    figures["runs, no catalog, in-process"] = best(lambda: catalog.runs(root), args.rounds, before=drop)
-    figures["fleet runs, no catalog (CLI)"] = best(cli(ROOT, "runs", str(root)), args.rounds, before=drop)
-    figures["fleet query, last 30 runs, no catalog (CLI)"] = best(cli(ROOT, "query", str(root), SQL), 1, before=drop)
-    figures["fleet runs, after the fallback (CLI)"] = best(cli(ROOT, "runs", str(root)), args.rounds)
+    measure("runs, no catalog, in-process", lambda: catalog.runs(root), args.rounds, before=drop)
+    measure("fleet runs, no catalog (CLI)", cli(ROOT, "runs", root), args.rounds, before=drop)
+    measure("fleet query, last 30 runs, no catalog (CLI)", cli(ROOT, "query", root, SQL), 1, before=drop)
+    measure("fleet runs, after the fallback (CLI)", cli(ROOT, "runs", root), args.rounds)
     if args.before:
-        figures[f"fleet runs, {args.before} (CLI)"] = best(cli(args.before, "runs", str(root)), 1)
-        figures[f"fleet query, last 30 runs, {args.before} (CLI)"] = best(cli(args.before, "query", str(root), SQL), 1)
-
-    print(f"\n{args.runs} runs, best of {args.rounds} rounds (the fallback's query and --before: one round)")
-    for name, seconds in figures.items():
-        print(f"  {name:<58} {seconds:7.3f} s")
+        measure(f"fleet runs, {args.before} (CLI)", cli(args.before, "runs", root), 1)
+        measure(f"fleet query, last 30 runs, {args.before} (CLI)", cli(args.before, "query", root, SQL), 1)
     print(json.dumps({"runs": args.runs, **{k: round(v, 4) for k, v in figures.items()}}))
     fs.delete_dir(path)
     if not args.root:

@@ -181,6 +181,10 @@ def test_run_report_and_resume_from_s3(
     assert {p for p in before if after[p] != before[p]} - set(lost) == {"bucket/prefix/r1/run.json"}
     assert RunStore(uri).completed_shards() == SHARDS
     assert len(json.loads(after["bucket/prefix/r1/run.json"])["resumed_at"]) == 1
+    # The driver's and the verdict's writes of run.json kept the root's catalog in step.
+    [entry] = [key for key in objects(f"{s3}/_catalog/entries") if key.rsplit("/", 1)[-1].startswith("r1.")]
+    assert json.loads(objects(f"{s3}/_catalog/entries")[entry])["status"] == "complete"
+    assert catalog.runs(s3).filter(run_id="r1").select("status", "gates").row(0) == ("complete", "none")
     keys = ["target", "prompt_id", "position"]
     tokens = reader.load(uri)["tokens"].collect().select(*keys, "token_id", "logprob").sort(keys)
     assert tokens.equals(t["tokens"].select(*keys, "token_id", "logprob").sort(keys))
