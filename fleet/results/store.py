@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from fleet.contracts import schema
 from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import inside
-from fleet.contracts.spec import PROBE_KINDS, ProbeKind
+from fleet.contracts.spec import PROBE_KINDS
 from fleet.results import catalog_files
 from fleet.results.atomic import put, sync_and_rename
 
