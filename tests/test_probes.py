@@ -292,6 +292,48 @@ def test_self_consistency() -> None:
     assert (bf16["first_diff_prompt"], bf16["first_diff_position"]) == ("s/b", 2)  # [4, 6, 7] vs [4, 6]
 
 
+def test_self_consistency_judges_partings_by_the_near_tie_rule() -> None:
+    """Two variants part on three prompts: at a near tie (the reference's margin between their
+    tokens within the noise, each token in the other's top-k), beyond the noise, and by one output
+    ending early. Only the last two are real divergences, and the per-variant gate metric counts them."""
+    variants = {"v.tp-1": "v", "v.tp-2": "v"}
+    settings = {"v.tp-1": {"tp": 1}, "v.tp-2": {"tp": 2}}
+    outputs = {  # prompt -> (tp-1's tokens, tp-2's tokens)
+        "tie": ([5, 7, 8], [5, 9, 8]),
+        "real": ([5, 7, 8], [5, 9, 8]),
+        "short": ([5, 7], [5]),
+        "same": ([1, 2], [1, 2]),
+    }
+    requests = pl.DataFrame(
+        [
+            {"model": "m", "target": t, "prompt_set": "s", "prompt_id": p, "output_token_ids": ids[i]}
+            for p, ids in outputs.items()
+            for i, t in enumerate(variants)
+        ]
+    )
+    # The reference's logprob of each side's token at the parting (position 1): 0.01 nats apart at
+    # "tie", 2 nats apart at "real"; the noise is 0.1 nats for both variants.
+    ref_lp = {("tie", 7): -0.70, ("tie", 9): -0.71, ("real", 7): -0.1, ("real", 9): -2.1}
+    rows = []
+    for p, ids in outputs.items():
+        for i, t in enumerate(variants):
+            for pos, tok in enumerate(ids[i]):
+                lp = ref_lp.get((p, tok), -0.5) if pos == 1 else -0.5
+                rows.append({"model": "m", "target": t, "prompt_set": "s", "prompt_id": p, "position": pos,
+                             "token_id": tok, "ref_logprob": lp, "topk_ids": [7, 9, 8, 5]})  # fmt: skip
+    tokens = pl.DataFrame(rows).lazy()
+    noise = pl.DataFrame({"model": ["m", "m"], "target": list(variants), "noise": [0.1, 0.1]})
+    [pair] = consistency.self_consistency(requests, variants, settings=settings, tokens=tokens, noise=noise).iter_rows(
+        named=True
+    )
+    assert (pair["n_prompts"], pair["n_identical"], pair["n_near_ties"], pair["real_divergences"]) == (4, 1, 1, 2)
+    assert pair["identical"] is False
+    per_variant = consistency.per_variant(pl.DataFrame([pair]))
+    assert dict(per_variant.select("target", "consistency_real_divergences").iter_rows()) == {"v.tp-1": 2, "v.tp-2": 2}
+    unjudged = consistency.self_consistency(requests, variants, settings=settings).row(0, named=True)
+    assert unjudged["real_divergences"] is None and consistency.per_variant(pl.DataFrame([unjudged])).is_empty()
+
+
 # --- on real engines ---------------------------------------------------------------------------
 
 SYNTHETIC = {"seed": 7, "hidden_size": 128, "intermediate_size": 256, "num_layers": 4, "num_heads": 4}

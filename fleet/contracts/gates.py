@@ -45,6 +45,9 @@ METRICS: dict[str, tuple[str, bool, str]] = {
     "real_divergences": _PREFIX,
     "first_top1_agreement_excl_ties": _PREFIX,
     "seq_match_rate_excl_ties": _PREFIX,
+    # A matrix variant's real divergences from the variants differing from it in one setting
+    # (fleet/analysis/consistency.py), by the same near-tie rule.
+    "consistency_real_divergences": _PREFIX,
     "tf_p99_abs_logprob_diff": _TF,
     # The noise model (fleet/analysis/noise_model.py): the candidate's p99 over its precision twin's.
     "twin_p99_abs_logprob_diff": _TF,

@@ -176,7 +176,7 @@ CONSISTENCY = {
     c: c
     for c in (
         "model", "base", "target_a", "target_b", "differs_in", "n_prompts", "n_identical", "identical",
-        "first_diff_prompt", "first_diff_position",
+        "n_near_ties", "real_divergences", "first_diff_prompt", "first_diff_position",
     )
 }  # fmt: skip
 VERDICTS = {c: c for c in VERDICT_COLUMNS}

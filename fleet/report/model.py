@@ -114,7 +114,7 @@ class RunReport:
             logits=probes.logits_summary(probes.logits_errors(t["logits"], ref)) if t["logits"].height else None,
             layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
             matrix=None,
-            consistency=_consistency(requests, variants) if variants else None,
+            consistency=_consistency(requests, tokens, noise_table, variants) if variants else None,
             noise_floor=noise_floor.self_parity(requests, tokens, repeats) if repeats else None,
             verdicts=None,
             environment=_environment(info),
@@ -170,6 +170,8 @@ class RunReport:
             frames.append(probes.layer_summary(self.layers))
         if self.scenarios is not None:
             frames.append(_perf_metrics(self.scenarios))
+        if self.consistency is not None and self.consistency.height:
+            frames.append(consistency.per_variant(self.consistency))
         return frames
 
     def evaluate(self, gates: Sequence[Gate]) -> pl.DataFrame:
@@ -278,12 +280,17 @@ def _environment(info: RunInfo) -> pl.DataFrame:
     return pl.DataFrame(data, schema=dict.fromkeys(data, pl.String))
 
 
-def _consistency(requests: pl.DataFrame, variants: dict[str, dict[str, Any]]) -> pl.DataFrame:
-    """Greedy self-consistency between variants that differ in one setting (they must agree)."""
+def _consistency(
+    requests: pl.DataFrame, tokens: pl.LazyFrame, noise: pl.DataFrame, variants: dict[str, dict[str, Any]]
+) -> pl.DataFrame:
+    """Greedy self-consistency between variants that differ in one setting, their partings
+    judged by the parity's near-tie rule and noise model."""
     return consistency.self_consistency(
         requests,
         {n: v["base"] for n, v in variants.items()},
         settings={n: v["settings"] for n, v in variants.items()},
+        tokens=tokens,
+        noise=noise,
     )
 
 

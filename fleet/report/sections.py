@@ -85,7 +85,9 @@ def _matrix(r: RunReport, spec: SectionSpec) -> list[Block]:
     pairs = r.consistency if r.consistency is not None and r.consistency.height else None
     return [
         *spec.table(r.matrix),
-        "Greedy self-consistency between variants differing in one setting (must be identical):",
+        "Greedy self-consistency between variants differing in one setting: where two outputs part, a "
+        "near tie when the reference's margin between the two tokens is within the noise (as in the parity "
+        "table), else a real divergence; the gate metric consistency_real_divergences counts them per variant:",
         Table(pairs, columns.CONSISTENCY) if pairs is not None else "no two variants differ in exactly one setting",
     ]
 
