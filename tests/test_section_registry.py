@@ -63,7 +63,11 @@ def test_every_layout_loads_and_places_registered_sections() -> None:
 
 
 def test_a_layout_renames_headers_and_keeps_the_figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run = write_run(tmp_path / "r", {"cand": DIVERGED, "good": SAME})
+    run = write_run(
+        tmp_path / "r",
+        {"cand": DIVERGED, "good": SAME},
+        gate_specs=[{"metric": "pearson_r", "op": ">=", "threshold": 0.5}],
+    )
     report = RunReport.build(run)
     info = replace(report.info, manifest_resolved=report.info.manifest_resolved | {"report": {"layout": "x"}})
     layout = layouts.Layout.model_validate(
@@ -73,15 +77,19 @@ def test_a_layout_renames_headers_and_keeps_the_figures(tmp_path: Path, monkeypa
                 {"key": "p", "title": "4.2 Precision", "section": "parity"}
                 | {"columns": {"model": "m", "target": "cand"}},
                 {"key": "mem", "title": "5.2 Memory", "absent": "no memory figures"},
+                {"key": "v", "title": "8 Verdict", "section": "gates", "columns": {"gate": "check", "verdict": "ok"}},
             ],
         }
     )
     monkeypatch.setattr(layouts, "load", lambda name: layout)
     shaped = layouts.seed_sections(replace(report, info=info))
     assert shaped is not None
-    title, [precision, memory] = shaped
+    title, [precision, memory, verdict] = shaped
     assert title.startswith("A seed") and precision.key == "seed-p" and precision.title == "4.2 Precision"
     table = precision.blocks[0]
     assert isinstance(table, Table) and dict(table.columns) == {"model": "m", "target": "cand"}
     assert table.frame.equals(report.parity)  # renamed, not recomputed
     assert not memory.blocks and memory.absent == "no memory figures"
+    # Only the main table takes the layout's names: the gates' evidence table keeps its own.
+    verdicts, evidence = [b for b in verdict.blocks if isinstance(b, Table)]
+    assert dict(verdicts.columns) == {"gate": "check", "verdict": "ok"} and "evidence" in evidence.columns

@@ -38,10 +38,9 @@ class Table:
     fold: bool = False  # the HTML folds it (closed <details>): long content few readers need, e.g. code
 
     def renamed(self, headers: Mapping[str, str]) -> Table:
-        """This table showing `headers`' columns in its order, under its names: a seed layout's
-        shape. A table holding none of them (a second table of another kind) is left as it is."""
-        keep = {c: h for c, h in headers.items() if c in self.frame.columns}
-        return replace(self, columns=keep, detail={}) if keep else self
+        """This table showing `headers`' columns (those it has) in their order, under their names:
+        a seed layout's shape."""
+        return replace(self, columns={c: h for c, h in headers.items() if c in self.frame.columns}, detail={})
 
 
 Block = str | list[str] | Table  # a paragraph, a list of lines, a table

@@ -10,7 +10,7 @@ A layout file is data:
       - key: tokens                  # the section's key in this layout (shown as seed-tokens)
         title: "4.4 Token output precision (greedy decoding, temperature 0)"
         section: sequences           # a registered section; omitted: `text` is the content
-        columns: {model: model, target: candidate, ref_text: reference output}  # shown, renamed
+        columns: {model: model, target: candidate, ref_text: reference output}  # its main table's
         text: ["a paragraph after the section's own blocks"]
         absent: "what to say when the run did not measure it"
 
@@ -40,7 +40,9 @@ class Entry(Strict):
     key: str = Field(description="Unique within the layout; the built section's key is seed-KEY.")
     title: str
     section: str | None = Field(None, description="A registered section (fleet.report.blocks.SECTIONS).")
-    columns: dict[str, str] = Field(default_factory=dict, description="Column -> header: shown, in this order.")
+    columns: dict[str, str] = Field(
+        default_factory=dict, description="Column -> header of the section's main (first) table: shown, in this order."
+    )
     text: list[str] = Field(default_factory=list, description="Paragraphs after the section's blocks.")
     absent: str | None = Field(None, description="Said when the run did not measure it.")
 
@@ -81,10 +83,17 @@ def _build(entry: Entry, report: RunReport) -> Section:
     absent = entry.absent or NOT_MEASURED
     if entry.section is not None:
         built = SECTIONS[entry.section].section(report)
-        blocks = [_renamed(b, entry.columns) for b in built.blocks] + blocks if built.blocks else []
+        blocks = _renamed(built.blocks, entry.columns) + blocks if built.blocks else []
         absent = entry.absent or built.absent
     return Section(f"seed-{entry.key}", entry.title, blocks, absent)
 
 
-def _renamed(block: Block, columns: dict[str, str]) -> Block:
-    return block.renamed(columns) if isinstance(block, Table) and columns else block
+def _renamed(blocks: list[Block], columns: dict[str, str]) -> list[Block]:
+    """`blocks` with the section's main table (its first) showing `columns`; other tables, such
+    as the matrix's self-consistency pairs, keep their own."""
+    first = next((i for i, b in enumerate(blocks) if isinstance(b, Table)), None)
+    if first is None or not columns:
+        return blocks
+    main = blocks[first]
+    assert isinstance(main, Table)
+    return [*blocks[:first], main.renamed(columns), *blocks[first + 1 :]]
