@@ -330,6 +330,18 @@ def test_self_consistency_judges_partings_by_the_near_tie_rule() -> None:
     assert pair["identical"] is False
     per_variant = consistency.per_variant(pl.DataFrame([pair]))
     assert dict(per_variant.select("target", "consistency_real_divergences").iter_rows()) == {"v.tp-1": 2, "v.tp-2": 2}
+    # Which setting moved the outputs: tp-2's p99 is 0.05 nats above tp-1's with a 0.1 noise (within
+    # it), but two greedy paths part beyond the noise, so the setting's effect is above the noise.
+    parity = pl.DataFrame(
+        {"model": ["m", "m"], "target": list(variants), "tf_p99_abs_logprob_diff": [0.02, 0.07]}
+        | {"real_divergences": [0, 1], "noise": [0.1, 0.1]}
+    )
+    [effect] = consistency.effects(pl.DataFrame([pair]), parity).iter_rows(named=True)
+    assert effect["setting"] == "tp" and effect["delta_tf_p99"] == pytest.approx(0.05)
+    assert effect["effect_x_noise"] == pytest.approx(0.5) and effect["delta_real_divergences"] == 1
+    assert (effect["paths_changed"], effect["effect"]) == (2, "above noise")
+    calm = consistency.effects(pl.DataFrame([pair | {"real_divergences": 0}]), parity).row(0, named=True)
+    assert calm["effect"] == "within noise"
     unjudged = consistency.self_consistency(requests, variants, settings=settings).row(0, named=True)
     assert unjudged["real_divergences"] is None and consistency.per_variant(pl.DataFrame([unjudged])).is_empty()
 

@@ -148,3 +148,51 @@ def _classified(compared: pl.DataFrame, tokens: Frame | None, noise: pl.DataFram
         .with_columns(_near=pl.when(~pl.col("same")).then(near.fill_null(False)), _judged=pl.lit(True))
         .collect()
     )
+
+
+EFFECTS = ["model", "setting", "differs_in", "target_a", "target_b", "delta_tf_p99", "noise", "effect_x_noise"]
+EFFECTS += ["delta_real_divergences", "paths_changed", "n_prompts", "effect"]
+
+
+def effects(pairs: pl.DataFrame, parity: pl.DataFrame) -> pl.DataFrame:
+    """What changing one setting did (issue: "which setting caused the drift"), per pair of
+    variants differing in it (`pairs`: self_consistency with settings), against the noise.
+
+    Output: model, setting (the matrix key), differs_in, target_a, target_b, delta_tf_p99 (b's TF
+    p99 |dlogp| to the reference minus a's, nats), noise (the larger of the two noise models'),
+    effect_x_noise (|delta_tf_p99| / noise), delta_real_divergences (b's real divergences from the
+    reference minus a's), paths_changed (prompts whose greedy output parts between a and b beyond
+    the noise), n_prompts, effect ("above noise" when paths change beyond the noise or the p99
+    moves by more than the noise, else "within noise").
+    """
+    per = parity.select("model", "target", "tf_p99_abs_logprob_diff", "real_divergences", "noise")
+    side = {
+        s: per.rename({c: f"{c}_{s}" for c in ("target", "tf_p99_abs_logprob_diff", "real_divergences", "noise")})
+        for s in ("a", "b")
+    }
+    delta = pl.col("tf_p99_abs_logprob_diff_b") - pl.col("tf_p99_abs_logprob_diff_a")
+    noise = pl.max_horizontal("noise_a", "noise_b")
+    ratio = (pl.col("delta_tf_p99").abs() / pl.col("noise")).fill_nan(None)
+    above = (pl.col("paths_changed") > 0) | (pl.col("effect_x_noise") > 1)
+    return (
+        pairs.filter(pl.col("differs_in").is_not_null())
+        .join(side["a"], on=["model", "target_a"], how="left")
+        .join(side["b"], on=["model", "target_b"], how="left")
+        .with_columns(
+            setting=pl.col("differs_in").str.split(":").list.first(),
+            delta_tf_p99=delta,
+            noise=noise,
+            delta_real_divergences=pl.col("real_divergences_b") - pl.col("real_divergences_a"),
+            paths_changed=pl.col("real_divergences"),
+        )
+        .with_columns(effect_x_noise=ratio)
+        .with_columns(
+            effect=pl.when(above.fill_null(False))
+            .then(pl.lit("above noise"))
+            .when(pl.col("effect_x_noise").is_null() & pl.col("paths_changed").is_null())
+            .then(pl.lit("not measured"))
+            .otherwise(pl.lit("within noise"))
+        )
+        .select(EFFECTS)
+        .sort("model", "setting", "target_a", "target_b")
+    )

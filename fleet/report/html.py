@@ -14,6 +14,7 @@ from html import escape
 
 import polars as pl
 
+from fleet.analysis import consistency
 from fleet.report import plots, summary
 from fleet.report.blocks import Block, Section, Table
 from fleet.report.layouts import seed_sections
@@ -47,7 +48,7 @@ TEXT_CELL = 300  # characters of generated text shown per cell
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 NOTICES = 3  # notice lines shown above the summary; the rest are folded in the same banner
 OPEN = {"parity"}  # sections open on load, besides gates when one fails: the rest is there when questioned
-PLOTTED = ["parity", "sequences", "throughput", "scenarios", "layers"]  # the sections with plots, in plot order
+PLOTTED = ["parity", "sequences", "setting_effects", "throughput", "scenarios", "layers"]  # sections with plots
 
 
 def html_table(t: Table, *, limit: int | None = HTML_ROWS) -> str:
@@ -123,6 +124,9 @@ def _plots(report: RunReport, key: str) -> list[str]:
         return [plots.logprob_scatter(tokens, colors), plots.drift_by_position(tokens, colors)]
     if key == "sequences":
         return [plots.divergence_histogram(report.sequences, colors)]
+    if key == "setting_effects" and report.consistency is not None and report.consistency.height:
+        effects = consistency.effects(report.consistency, report.parity)
+        return [plots.setting_effects(effects)] if effects.height else []
     if key == "throughput":
         return [plots.latency_cdf(t["requests"], c, colors, name=n) for c, n in (("ttft_s", "TTFT"), ("e2e_s", "E2E"))]
     if key == "scenarios" and report.scenarios is not None:

@@ -132,6 +132,20 @@ def layer_errors(layers: pl.DataFrame, colors: Colors, *, metric: str = "rel_l2"
     )
 
 
+def setting_effects(effects: pl.DataFrame) -> str:
+    """Per matrix setting, the largest |Δ TF p99| over its pairs in units of the noise (above 1:
+    beyond precision) and the greedy paths it changes beyond the noise (consistency.effects)."""
+    title = "Which setting moves the outputs (max over pairs)"
+    per = effects.group_by("setting", maintain_order=True).agg(
+        pl.col("effect_x_noise").max(), pl.col("paths_changed").fill_null(0).sum()
+    )
+    series = {
+        "|Δ TF p99| / noise": [float(v) if v is not None else math.nan for v in per["effect_x_noise"]],
+        "greedy paths changed": [float(v) for v in per["paths_changed"]],
+    }
+    return svg.bars(per["setting"].to_list(), series, title=title, x_label="setting", y_label="x noise / prompts")
+
+
 def throughput_vs_concurrency(scenarios: pl.DataFrame, colors: Colors) -> list[str]:
     """Output tok/s per concurrency level, one plot per scenario (perf.summary: scenario, level, output_tok_s)."""
     out = []

@@ -10,6 +10,7 @@ from typing import Any
 
 import polars as pl
 
+from fleet.analysis import consistency
 from fleet.report import columns
 from fleet.report.blocks import SECTIONS, Block, Section, SectionSpec, Table, register
 from fleet.report.model import NO_VERDICT, RunReport
@@ -90,6 +91,34 @@ def _matrix(r: RunReport, spec: SectionSpec) -> list[Block]:
         "table), else a real divergence; the gate metric consistency_real_divergences counts them per variant:",
         Table(pairs, columns.CONSISTENCY) if pairs is not None else "no two variants differ in exactly one setting",
     ]
+
+
+EFFECTS = {"model": "model", "setting": "setting", "target_a": "variant a", "target_b": "variant b"}
+EFFECTS |= {"delta_tf_p99": "Δ TF p99 |dlogp| (b - a)", "noise": "noise (nats)", "effect_x_noise": "|Δ| x noise"}
+EFFECTS |= {"delta_real_divergences": "Δ real div. vs ref", "paths_changed": "paths changed a vs b"}
+EFFECTS |= {"n_prompts": "prompts", "effect": "effect"}
+
+
+@register("setting_effects", "Which setting moves the outputs (one factor at a time)", chapter=ACCURACY,
+          columns=EFFECTS)  # fmt: skip
+def _setting_effects(r: RunReport, spec: SectionSpec) -> list[Block]:
+    """Each matrix setting's effect against the noise: what parity would call precision or a bug."""
+    if r.consistency is None or r.consistency.is_empty():
+        return []
+    effects = consistency.effects(r.consistency, r.parity)
+    if effects.is_empty():
+        return []
+    lines = []
+    for (model, setting), group in effects.group_by("model", "setting", maintain_order=True):
+        worst = group.sort("effect_x_noise", descending=True, nulls_last=True).row(0, named=True)
+        changed, prompts = int(group["paths_changed"].fill_null(0).sum()), int(group["n_prompts"].sum())
+        above = (group["effect"] == "above noise").any()
+        lines.append(
+            f"{model} / {setting}: TF p99 moves by {_g(worst['delta_tf_p99'])} nats at most "
+            f"({_g(worst['effect_x_noise'])}x the noise {_g(worst['noise'])}); {changed} of {prompts} greedy paths "
+            f"change beyond the noise over {group.height} pairs: {'above' if above else 'within'} noise"
+        )
+    return [*spec.table(effects), lines]
 
 
 @register("noise_floor", "Noise floor (each repeated target against itself)", chapter=ACCURACY,
