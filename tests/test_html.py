@@ -25,7 +25,9 @@ from fleet.report import markdown, plots, svg
 from fleet.report.model import RunReport
 from fleet.report.sections import sections
 
-N_PLOTS = 8  # scatter, drift by position, divergence, TTFT CDF, E2E CDF, concurrency sweep, layer rel_l2 and cosine
+# scatter, drift by position, divergence, setting effects, TTFT CDF, E2E CDF, concurrency sweep,
+# layer rel_l2 and cosine
+N_PLOTS = 9
 GATES = gates.parse(
     [
         {"metric": "first_top1_agreement", "op": ">=", "threshold": 1.0},
