@@ -270,9 +270,9 @@ class Perf(Work):
         return slot.handle.perf.remote(scenario, self.level.level, prompts), slot.manifest.run.shard_timeout_s
 
     def on_result(self, slot: SlotView, result: PerfResult) -> Effects:
-        run_id = self.level.key
+        key = self.level.key
         return Effects(
-            writes=(Write("perf_requests", run_id, result.requests), Write("perf_levels", run_id, result.level)),
+            writes=(Write("perf_requests", key, result.requests), Write("perf_levels", key, result.level)),
             progress=1,
         )
 
