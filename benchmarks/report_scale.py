@@ -32,7 +32,7 @@ def replicate(source: Path, dest: Path, *, rows: int, batch: int = 256) -> tuple
     from fleet.results import reader
     from fleet.results.store import RunStore
 
-    info = reader.read_info(source)
+    info = RunStore(source).info()  # run.json as stored: the copy keeps every field
     tables = {name: frame.collect() for name, frame in reader.load(source).items()}
     store = RunStore.create(dest, info | {"run_id": dest.name})
     for name, frame in tables.items():
