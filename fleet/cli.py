@@ -19,6 +19,7 @@ treats 3 as "retry" must not retry a port whose gates failed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -152,6 +153,10 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    # Polars' allocator (jemalloc) keeps freed pages for reuse; a report is one pass that frees large
+    # frames as it goes, so handing them back at once keeps its peak memory near its working set.
+    # Set before Polars loads (nothing of the CLI has imported it yet).
+    os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
     from fleet.analysis import gates
     from fleet.report import html, markdown
 

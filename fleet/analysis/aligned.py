@@ -27,8 +27,10 @@ def lengths(lists: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 def common(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For rows with n[i] positions each: (row of each position, position within its row)."""
-    row = np.repeat(np.arange(len(n)), n)
-    position = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+    # int32: a run's positions per list and lists per table fit, and the arrays are half the size.
+    row = np.repeat(np.arange(len(n), dtype=np.int32), n)
+    position = np.arange(int(n.sum()), dtype=np.int32)
+    position -= np.repeat((np.cumsum(n) - n).astype(np.int32), n)
     return row, position
 
 
@@ -36,6 +38,18 @@ def compare(cand: pa.Array | pa.ChunkedArray, ref: pa.Array | pa.ChunkedArray) -
     """Per row: n_cand, n_ref, tokens_matched (#positions where both lists hold the same id),
     first_divergence (the first position where they differ, a position past the shorter list
     counting as different; -1 where the lists are equal)."""
+    cand = cand.combine_chunks() if isinstance(cand, pa.ChunkedArray) else cand
+    ref = ref.combine_chunks() if isinstance(ref, pa.ChunkedArray) else ref
+    parts = [_compare(cand.slice(i, _ROWS), ref.slice(i, _ROWS)) for i in range(0, len(cand), _ROWS)]
+    if not parts:
+        return {k: np.zeros(0, dtype=np.int64) for k in ("n_cand", "n_ref", "tokens_matched", "first_divergence")}
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+_ROWS = 1 << 16  # rows compared at a time: the per-position arrays stay a few MB on a big run
+
+
+def _compare(cand: pa.Array, ref: pa.Array) -> dict[str, np.ndarray]:
     n_cand, n_ref = lengths(cand), lengths(ref)
     cand_ids, cand_at = flat(cand)
     ref_ids, ref_at = flat(ref)
@@ -46,6 +60,7 @@ def compare(cand: pa.Array | pa.ChunkedArray, ref: pa.Array | pa.ChunkedArray) -
     first = np.where(n_cand != n_ref, shorter, -1)
     differ = np.flatnonzero(~same)
     if differ.size:  # positions are in row order, so the first hit of each row is its earliest
-        rows, at = np.unique(row[differ], return_index=True)
-        first[rows] = position[differ[at]]
+        rows = row[differ]
+        earliest = np.concatenate([[True], rows[1:] != rows[:-1]])
+        first[rows[earliest]] = position[differ[earliest]]
     return {"n_cand": n_cand, "n_ref": n_ref, "tokens_matched": matched, "first_divergence": first}

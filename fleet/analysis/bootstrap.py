@@ -100,16 +100,19 @@ class _Binned:
 
     def __init__(self, values: np.ndarray, block: np.ndarray, units: int) -> None:
         positive = values > 0
-        bins = np.zeros(len(values), dtype=np.int64)
-        bins[positive] = np.floor(np.log2(values[positive]) * BINS_PER_OCTAVE).astype(np.int64)
-        median = float(np.quantile(values, _FLOOR_QUANTILE))
-        # Column 0 pools the zeros and every value under the median's bin; column j >= 1 is bin first + j - 1.
-        self.exact_zeros = median == 0  # then column 0 holds zeros alone, and its value is exact
+        bins = np.zeros(len(values), dtype=np.int32)
+        # float32 is ample for a bin 1.1 % wide, and half the memory and time of float64.
+        bins[positive] = np.floor(np.log2(values[positive].astype(np.float32)) * BINS_PER_OCTAVE)
         lowest = int(bins[positive].min()) if positive.any() else 0
-        first = lowest if self.exact_zeros else int(np.floor(np.log2(median) * BINS_PER_OCTAVE))
+        # The median's bin, from the pooled histogram (zeros first), not from sorting the values.
+        pooled = np.bincount(np.where(positive, bins - lowest + 1, 0))
+        median_bin = int(np.searchsorted(np.cumsum(pooled), len(values) * _FLOOR_QUANTILE, side="right"))
+        # Column 0 pools the zeros and every value under the median's bin; column j >= 1 is bin first + j - 1.
+        self.exact_zeros = median_bin == 0  # then column 0 holds zeros alone, and its value is exact
+        first = lowest if self.exact_zeros else lowest + median_bin - 1
         column = np.where(positive & (bins >= first), bins - first + 1, 0)
         width = int(column.max()) + 1
-        flat = np.bincount(block * width + column, minlength=units * width)
+        flat = np.bincount(block.astype(np.int64) * width + column, minlength=units * width)
         self.hist = flat.reshape(units, width).astype(float)
         bin_of = first + np.arange(width) - 1
         self.low, self.high = np.exp2(bin_of / BINS_PER_OCTAVE), np.exp2((bin_of + 1) / BINS_PER_OCTAVE)

@@ -102,14 +102,19 @@ def of_diffs(diffs: pl.DataFrame, spec: NoiseSpec | None = None) -> pl.DataFrame
     for (model_name, target), group in diffs.group_by(RUN, maintain_order=True):
         cand = group["cand_diff"].to_numpy()
         twin = group["twin_diff"].cast(pl.Float64).fill_null(float("nan")).to_numpy()
-        one = _one(cand, twin, group["prompt"].to_numpy(), spec, str(model_name), str(target))
-        rows.append({"model": model_name, "target": target} | one)
+        figures = one(cand, twin, group["prompt"].to_numpy(), spec, str(model_name), str(target))
+        rows.append({"model": model_name, "target": target} | figures)
+    return frame(rows)
+
+
+def frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    """`summary`'s frame from one dict per candidate: model, target and `one`'s figures."""
     schema = {"model": pl.String, "target": pl.String} | dict.fromkeys(COLUMNS, pl.Float64)
     schema |= {"noise_source": pl.String, "precision_verdict": pl.String}
     return pl.DataFrame(rows, schema=schema).sort(RUN)
 
 
-def _one(
+def one(
     cand: np.ndarray, twin: np.ndarray, prompt: np.ndarray, spec: NoiseSpec, model: str, target: str
 ) -> dict[str, Any]:
     """One candidate's figures; `twin` is NaN where the twin did not score (or scored NaN)."""
@@ -133,7 +138,9 @@ def _one(
     noise = twin_p99 * allowance
     excess = float(np.quantile(cand, QUANTILE)) / noise if noise > 0 else None
     # Prompts renumbered 0..P-1 over those left, in key order: the bootstrap's resampling unit.
-    prompt = np.unique(prompt, return_inverse=True)[1].reshape(-1)
+    present = np.bincount(prompt) > 0
+    if not present.all():  # prompts left without a value: renumbered without gaps, order kept
+        prompt = (np.cumsum(present) - 1)[prompt]
     low, high = bootstrap.interval(
         cand, twin_values, prompt, twin_p99=twin_p99, allowance=allowance, quantile=QUANTILE, resamples=BOOTSTRAP
     )

@@ -236,10 +236,16 @@ def first_figures(first: pl.DataFrame) -> pl.LazyFrame:
 
 def prefix_figures(pairs: pl.LazyFrame) -> pl.LazyFrame:
     """pearson_r and mae per (model, target) from common-prefix pairs (_cand_lp, _ref_lp)."""
+    return pairs.group_by(RUN).agg(**prefix_expressions())
+
+
+def prefix_expressions() -> dict[str, pl.Expr]:
+    """pearson_r and mae over the common-prefix pairs in columns _cand_lp and _ref_lp."""
     a, b = pl.col("_cand_lp"), pl.col("_ref_lp")
-    return pairs.group_by(RUN).agg(
-        pearson_r=pl.when(pl.len() >= 2).then(pl.corr(a, b)).fill_nan(None), mae=no_nan(a - b, (a - b).abs().mean())
-    )
+    return {
+        "pearson_r": pl.when(pl.len() >= 2).then(pl.corr(a, b)).fill_nan(None),
+        "mae": no_nan(a - b, (a - b).abs().mean()),
+    }
 
 
 def throughput(requests: Frame, shards: Frame) -> pl.DataFrame:
@@ -280,15 +286,19 @@ def accuracy(requests: Frame, reference: str) -> pl.DataFrame:
     delta_points = accuracy - the reference's accuracy on the same model (fleet.prompts.is_correct)."""
     from fleet.contracts.prompts import is_correct
 
-    judged = (
-        requests.lazy()
-        .filter(pl.col("expected").is_not_null())
+    with_rule = requests.lazy().filter(pl.col("expected").is_not_null())
+    # Judged once per distinct (rule, output): the judge is Python, and repeats (the same answer
+    # from several targets) are common.
+    verdicts = (
+        with_rule.select("expected", "output_text")
+        .unique()
         .with_columns(
             correct=pl.struct("expected", "output_text").map_elements(
                 lambda r: is_correct(r["expected"], r["output_text"]), return_dtype=pl.Boolean
             )
         )
     )
+    judged = with_rule.join(verdicts, on=["expected", "output_text"], how="left", nulls_equal=True)
     per_target = judged.group_by(RUN).agg(
         n_expected=pl.len(), n_correct=pl.col("correct").sum(), accuracy_pct=100 * pl.col("correct").mean()
     )

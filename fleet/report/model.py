@@ -274,11 +274,10 @@ def _from_tokens(requests: pl.DataFrame, tokens: pl.LazyFrame, ref: str, spec: N
 def _from_stats(requests: pl.DataFrame, stats: pl.LazyFrame, ref: str, spec: NoiseSpec) -> Figures:
     """The same figures from prompt_stats: prompts joined with prompts (fleet/analysis/from_stats.py)."""
     pairs = from_stats.Pairs.load(requests, stats, ref)
-    noise_table, own = from_stats.noise(pairs, spec)
-    per_prompt = from_stats.divergences(pairs, requests, stats, ref, spec, noise_table)
-    ties = from_stats.summary_of(per_prompt, own, noise_table)
     first = from_stats.first_step(pairs)
-    parity = from_stats.parity_table(pairs, first).join(ties, on=["model", "target"], how="left")
+    parity, noise_table, own = from_stats.figures(pairs, first, spec)
+    per_prompt = from_stats.divergences(pairs, stats, spec, noise_table)
+    parity = parity.join(from_stats.summary_of(per_prompt, own, noise_table), on=["model", "target"], how="left")
     return parity, first, per_prompt, pairs.seq
 
 
