@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-EXACT_MAX_VALUES = 200_000
+EXACT_MAX_VALUES = 20_000
 BLOCKS = 1000
 BINS_PER_OCTAVE = 64
 # The resampled p99 is never below the pooled median: bins under it are pooled into one count.

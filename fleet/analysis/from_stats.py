@@ -164,9 +164,10 @@ def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.Data
             tf = dict(zip(_TF, map(float, (cand_diff.max(), cand_diff.mean(), p99)), strict=True))
         prefix = _prefix(pairs, lp, ref_side, first_seq, end_seq).select(**parity.prefix_expressions())
         rows.append({"model": model, "target": target} | tf | prefix.row(0, named=True))
-        units = np.repeat(prompt[first_row:end], lp.n[first_row:end])[scored]
-        one = noise_model.one(cand_diff, twin_diff[scored], units, spec, model, target)
-        noise_rows.append({"model": model, "target": target} | one)
+        if cand_diff.size:  # nothing scored: no noise-model row, as from token rows
+            units = np.repeat(prompt[first_row:end], lp.n[first_row:end])[scored]
+            one = noise_model.one(cand_diff, twin_diff[scored], units, spec, model, target)
+            noise_rows.append({"model": model, "target": target} | one)
     schema = {"model": pl.String, "target": pl.String} | dict.fromkeys([*_TF, "pearson_r", "mae"], _F64)
     per_candidate = pl.DataFrame(rows, schema=schema)
     cand = pairs.cand.lazy()
