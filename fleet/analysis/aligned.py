@@ -40,22 +40,45 @@ def compare(cand: pa.Array | pa.ChunkedArray, ref: pa.Array | pa.ChunkedArray) -
     counting as different; -1 where the lists are equal)."""
     cand = cand.combine_chunks() if isinstance(cand, pa.ChunkedArray) else cand
     ref = ref.combine_chunks() if isinstance(ref, pa.ChunkedArray) else ref
-    parts = [_compare(cand.slice(i, _ROWS), ref.slice(i, _ROWS)) for i in range(0, len(cand), _ROWS)]
+    rows = np.arange(len(cand))
+    return compare_rows(Lists(pa.concat_arrays([cand, ref])), rows, rows + len(cand))
+
+
+class Lists:
+    """A list column as flat values (numpy) with each row's start and length."""
+
+    def __init__(self, lists: pa.Array | pa.ChunkedArray) -> None:
+        lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+        self.values, self.start = flat(lists)
+        self.n = lengths(lists)
+
+    def at(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Values at (row, position); -1 where the position is past the row's list (ids are >= 0)."""
+        inside = positions < self.n[rows]
+        index = np.where(inside, self.start[rows] + np.where(inside, positions, 0), 0)
+        return np.where(inside, self.values[index] if len(self.values) else -1, -1)
+
+
+def compare_rows(lists: Lists, cand_rows: np.ndarray, ref_rows: np.ndarray) -> dict[str, np.ndarray]:
+    """`compare` of the lists at rows cand_rows[i] and ref_rows[i] of one list column, without
+    gathering them first (a big run's output ids would be copied twice)."""
+    parts = [
+        _compare(lists, cand_rows[i : i + _ROWS], ref_rows[i : i + _ROWS]) for i in range(0, len(cand_rows), _ROWS)
+    ]
     if not parts:
         return {k: np.zeros(0, dtype=np.int64) for k in ("n_cand", "n_ref", "tokens_matched", "first_divergence")}
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-_ROWS = 1 << 16  # rows compared at a time: the per-position arrays stay a few MB on a big run
+_ROWS = 1 << 16  # pairs compared at a time: the per-position arrays stay a few MB on a big run
 
 
-def _compare(cand: pa.Array, ref: pa.Array) -> dict[str, np.ndarray]:
-    n_cand, n_ref = lengths(cand), lengths(ref)
-    cand_ids, cand_at = flat(cand)
-    ref_ids, ref_at = flat(ref)
+def _compare(lists: Lists, cand_rows: np.ndarray, ref_rows: np.ndarray) -> dict[str, np.ndarray]:
+    n_cand, n_ref = lists.n[cand_rows], lists.n[ref_rows]
     shorter = np.minimum(n_cand, n_ref)
     row, position = common(shorter)
-    same = cand_ids[cand_at[row] + position] == ref_ids[ref_at[row] + position]
+    ids = lists.values
+    same = ids[lists.start[cand_rows][row] + position] == ids[lists.start[ref_rows][row] + position]
     matched = np.bincount(row, weights=same, minlength=len(shorter)).astype(np.int64)
     first = np.where(n_cand != n_ref, shorter, -1)
     differ = np.flatnonzero(~same)

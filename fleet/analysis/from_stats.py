@@ -13,7 +13,9 @@ otherwise the report reads token rows as before.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -27,7 +29,8 @@ from fleet.analysis.parity import CAND, PROMPT, RUN
 _F64 = pl.Float64
 _CAND_COLUMNS = ["n_positions", "first_token_id", "first_top1_tied", "logprobs", "ref_logprobs", "twin_logprobs"]
 _CAND_COLUMNS += ["top1_scored", "top1_agreed", "kl_positions", "kl_sum", "kl_nan"]
-_NONE = np.iinfo(np.int64).max  # first_divergence of identical outputs: the prefix is everything
+_NONE = np.iinfo(np.int64).max
+Row = dict[str, Any] | None  # first_divergence of identical outputs: the prefix is everything
 
 
 def usable(stats: pl.LazyFrame) -> bool:
@@ -91,17 +94,19 @@ class Pairs:
     @classmethod
     def load(cls, requests: pl.DataFrame, stats: pl.LazyFrame, reference: str) -> Pairs:
         is_ref = pl.col("target") == reference
-        # Keys joined alone, then the id lists gathered by row: a join or sort carrying the lists copies them.
+        # Keys joined alone; the id lists are compared where they lie, by row (a join, sort or
+        # gather carrying the lists would copy every output token).
         keys = requests.select(*CAND).with_row_index("_c")
         keys = keys.filter(~is_ref).join(keys.filter(is_ref).select(*PROMPT, _r="_c"), on=PROMPT).sort(CAND)
-        ids = requests["output_token_ids"]
-        cand_ids, ref_ids = ids.gather(keys["_c"]), ids.gather(keys["_r"])
-        seq = parity.sequences_of(keys.select(CAND), cand_ids, ref_ids)
-        d = seq["first_divergence"]
-        at_d = pl.DataFrame({"_cand_token": cand_ids, "_ref_token": ref_ids, "_d": d}).select(
-            pl.col("_cand_token", "_ref_token").list.get(pl.col("_d"), null_on_oob=True)
+        ids = aligned.Lists(requests["output_token_ids"].to_arrow())
+        cand_rows, ref_rows = keys["_c"].to_numpy().astype(np.int64), keys["_r"].to_numpy().astype(np.int64)
+        seq = parity.sequences_of(keys.select(CAND), aligned.compare_rows(ids, cand_rows, ref_rows))
+        d = seq["first_divergence"].fill_null(-1).to_numpy()
+        at = np.where(d >= 0, d, np.iinfo(np.int32).max)
+        at_d = pl.DataFrame({"_cand_token": ids.at(cand_rows, at), "_ref_token": ids.at(ref_rows, at)}).select(
+            pl.all().replace(-1, None).cast(pl.Int32)
         )
-        del cand_ids, ref_ids
+        del ids
         cand = stats.filter(~is_ref).select(*CAND, *_CAND_COLUMNS).with_row_index("_file_row").collect()
         # Runs of one (model, target) under two weight directories would interleave: then sort them together.
         if cand.select(pl.struct(RUN).rle_id().n_unique()).item() != cand.select(pl.struct(RUN).n_unique()).item():
@@ -147,8 +152,8 @@ def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.Data
     lp, ref_lp, twin_lp = (Flat(pairs.cand[c]) for c in ("logprobs", "ref_logprobs", "twin_logprobs"))
     ref_side = Flat(pairs.ref["logprobs"])
     prompt = pairs.cand["prompt"].to_numpy()
-    rows, noise_rows = [], []
-    for model, target, first_row, end, first_seq, end_seq in pairs.candidates():
+
+    def candidate(model: str, target: str, first_row: int, end: int, first_seq: int, end_seq: int) -> tuple[Row, Row]:
         # numpy, not frames: these are the largest arrays of the report, and numpy hands them back
         # to the system when freed (Polars' allocator keeps what it had).
         ref = ref_lp.numbers(first_row, end)
@@ -156,18 +161,28 @@ def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.Data
         twin_diff = np.abs(twin_lp.numbers(first_row, end) - ref)  # NaN: no twin there
         scored = ~ref_lp.nulls(first_row, end) & ~lp.nulls(first_row, end)  # null: unscored; a NaN counts
         del ref
-        cand_diff = cand_diff[scored]
+        every = bool(scored.all())  # then no copies: these arrays are the run's size
+        cand_diff = cand_diff if every else cand_diff[scored]
         nan = bool(np.isnan(cand_diff).any())
         tf: dict[str, float | None] = dict.fromkeys(_TF)
         if cand_diff.size and not nan:
             p99 = np.quantile(cand_diff, divergence.NOISE_QUANTILE)
             tf = dict(zip(_TF, map(float, (cand_diff.max(), cand_diff.mean(), p99)), strict=True))
         prefix = _prefix(pairs, lp, ref_side, first_seq, end_seq).select(**parity.prefix_expressions())
-        rows.append({"model": model, "target": target} | tf | prefix.row(0, named=True))
-        if cand_diff.size:  # nothing scored: no noise-model row, as from token rows
-            units = np.repeat(prompt[first_row:end], lp.n[first_row:end])[scored]
-            one = noise_model.one(cand_diff, twin_diff[scored], units, spec, model, target)
-            noise_rows.append({"model": model, "target": target} | one)
+        key = {"model": model, "target": target}
+        if not cand_diff.size:  # nothing scored: no noise-model row, as from token rows
+            return key | tf | prefix.row(0, named=True), None
+        units = np.repeat(prompt[first_row:end].astype(np.int32), lp.n[first_row:end])
+        units, twin_diff = (units, twin_diff) if every else (units[scored], twin_diff[scored])
+        one = noise_model.one(cand_diff, twin_diff, units, spec, model, target, cand_p99=tf[_TF[2]])
+        return key | tf | prefix.row(0, named=True), key | one
+
+    # Two candidates at a time: numpy releases the GIL in the large operations, and there are two cores
+    # here; more would hold more candidates' arrays at once.
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda bounds: candidate(*bounds), pairs.candidates()))
+    rows = [row for row, _ in done]
+    noise_rows = [row for _, row in done if row is not None]
     schema = {"model": pl.String, "target": pl.String} | dict.fromkeys([*_TF, "pearson_r", "mae"], _F64)
     per_candidate = pl.DataFrame(rows, schema=schema)
     cand = pairs.cand.lazy()

@@ -115,9 +115,17 @@ def frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
 
 
 def one(
-    cand: np.ndarray, twin: np.ndarray, prompt: np.ndarray, spec: NoiseSpec, model: str, target: str
+    cand: np.ndarray,
+    twin: np.ndarray,
+    prompt: np.ndarray,
+    spec: NoiseSpec,
+    model: str,
+    target: str,
+    *,
+    cand_p99: float | None = None,
 ) -> dict[str, Any]:
-    """One candidate's figures; `twin` is NaN where the twin did not score (or scored NaN)."""
+    """One candidate's figures; `twin` is NaN where the twin did not score (or scored NaN);
+    `cand_p99`: the QUANTILE of all of `cand`, when the caller has it."""
     dtype = spec.dtype(model, target)
     allowance = spec.allowance.get(dtype, 1.0)
     if np.isnan(cand).any():  # a NaN logprob: nothing here can be measured
@@ -130,13 +138,17 @@ def one(
         source = f"precision twin ({dtype}) x {allowance:g}"
         if twinned.sum() < len(cand):
             source += f", on the {int(twinned.sum())} of {len(cand)} positions the twin scored"
-        cand, twin_values, prompt = cand[twinned], twin[twinned], prompt[twinned]
+        if not twinned.all():
+            cand, twin_values, prompt, cand_p99 = cand[twinned], twin[twinned], prompt[twinned], None
+        else:
+            twin_values = twin
         twin_p99 = float(np.quantile(twin_values, QUANTILE))
     else:
         source = f"default for {dtype} (no twin ran; SmolLM2-135M measurement) x {allowance:g}"
         twin_p99 = DEFAULT_TWIN_P99.get(dtype, DEFAULT_TWIN_P99["bfloat16"])
     noise = twin_p99 * allowance
-    excess = float(np.quantile(cand, QUANTILE)) / noise if noise > 0 else None
+    cand_q = float(np.quantile(cand, QUANTILE)) if cand_p99 is None else cand_p99
+    excess = cand_q / noise if noise > 0 else None
     # Prompts renumbered 0..P-1 over those left, in key order: the bootstrap's resampling unit.
     present = np.bincount(prompt) > 0
     if not present.all():  # prompts left without a value: renumbered without gaps, order kept

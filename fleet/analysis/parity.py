@@ -117,12 +117,11 @@ def sequences(requests: Frame, reference: str) -> pl.DataFrame:
         .sort(CAND)
         .collect()
     )
-    return sequences_of(pairs.select(CAND), pairs["_cand"], pairs["_ref"])
+    return sequences_of(pairs.select(CAND), aligned.compare(pairs["_cand"].to_arrow(), pairs["_ref"].to_arrow()))
 
 
-def sequences_of(keys: pl.DataFrame, cand: pl.Series, ref: pl.Series) -> pl.DataFrame:
-    """`sequences`' columns for prompts `keys` whose candidate and reference outputs are `cand`, `ref`."""
-    out = aligned.compare(cand.to_arrow(), ref.to_arrow())
+def sequences_of(keys: pl.DataFrame, out: dict[str, np.ndarray]) -> pl.DataFrame:
+    """`sequences`' columns for prompts `keys`, from aligned.compare of their outputs."""
     first = out["first_divergence"]
     return keys.with_columns(
         n_ref=pl.Series(out["n_ref"], dtype=pl.UInt32),

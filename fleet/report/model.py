@@ -84,18 +84,20 @@ class RunReport:
         ref = info.reference
         scans = reader.load(run_dir)
         tokens, stats = scans.pop("tokens"), scans.pop("prompt_stats")
-        # Prompt token ids and chat turns are in no figure; on a big run they are most of the requests' bytes.
-        scans["requests"] = scans["requests"].drop("prompt_token_ids", "messages")
+        # Texts are read for the prompts a table shows and the answers judged, not for every request:
+        # on a big run they are most of the requests' bytes (token ids and chat turns are in no figure).
+        texts = scans["requests"].select(*_PROMPT, "target", "expected", "prompt", "output_text", "output_token_ids")
+        scans["requests"] = scans["requests"].drop("prompt_token_ids", "messages", "prompt", "output_text")
         t = {name: frame.collect() for name, frame in scans.items()}
         requests = t["requests"]
-        accuracy = analysis.accuracy(requests, ref)
+        accuracy = analysis.accuracy(texts.filter(pl.col("expected").is_not_null()), ref)
         variants, repeats = info.variants, info.repeats
         spec = NoiseSpec.from_info(info)
         if reader.covers(run_dir, "prompt_stats", "tokens") and from_stats.usable(stats):
             parity, first, per_prompt, seqs = _from_stats(requests, stats, ref, spec)
         else:  # a run written before prompt_stats: the same figures from its token rows
             parity, first, per_prompt, seqs = _from_tokens(requests, tokens, ref, spec)
-        sequences = _worst_sequences(requests, ref, seqs, per_prompt, top)
+        sequences = _worst_sequences(texts, ref, seqs, per_prompt, top)
         report = cls(
             run_dir=run_dir,
             info=info,
@@ -282,12 +284,13 @@ def _from_stats(requests: pl.DataFrame, stats: pl.LazyFrame, ref: str, spec: Noi
 
 
 def _worst_sequences(
-    requests: pl.DataFrame, reference: str, seqs: pl.DataFrame, per_prompt: pl.DataFrame, top: int
+    texts: pl.LazyFrame, reference: str, seqs: pl.DataFrame, per_prompt: pl.DataFrame, top: int
 ) -> pl.DataFrame:
     """The `top` worst prompts per candidate (divergence.worst) with analysis.answers (texts, match,
-    correctness) and the prompt: the texts are judged for the prompts shown only."""
+    correctness) and the prompt: texts are read and judged for the prompts shown only."""
     picked = divergence.worst(seqs, per_prompt, top)
-    shown = requests.join(picked.select("model", "prompt_set", "prompt_id").unique(), on=_PROMPT, how="semi")
+    keys = picked.select(_PROMPT).unique().lazy()
+    shown = texts.join(keys, on=_PROMPT, how="semi").collect()
     answers = analysis.answers(shown, reference)
     prompts = shown.filter(pl.col("target") == reference).select(*_PROMPT, "prompt")
     return (
