@@ -23,6 +23,8 @@ BLOCKS = 1000
 BINS_PER_OCTAVE = 64
 # The resampled p99 is never below the pooled median: bins under it are pooled into one count.
 _FLOOR_QUANTILE = 0.5
+_CHUNK = 1 << 20
+_ZERO = np.iinfo(np.int32).min
 
 
 def interval(
@@ -99,10 +101,15 @@ class _Binned:
     """Per-block log-binned histograms of non-negative values: quantiles of block resamples."""
 
     def __init__(self, values: np.ndarray, block: np.ndarray, units: int) -> None:
-        positive = values > 0
-        bins = np.zeros(len(values), dtype=np.int32)
-        # float32 is ample for a bin 1.1 % wide, and half the memory and time of float64.
-        bins[positive] = np.floor(np.log2(values[positive].astype(np.float32)) * BINS_PER_OCTAVE)
+        bins = np.empty(len(values), dtype=np.int32)  # _ZERO for zeros
+        for at in range(0, len(values), _CHUNK):  # in chunks: the temporaries stay small on a big run
+            chunk = values[at : at + _CHUNK]
+            positive = chunk > 0
+            part = np.full(len(chunk), _ZERO, dtype=np.int32)
+            # float32 is ample for a bin 1.1 % wide, and half the memory and time of float64.
+            part[positive] = np.floor(np.log2(chunk[positive].astype(np.float32)) * BINS_PER_OCTAVE)
+            bins[at : at + _CHUNK] = part
+        positive = bins != _ZERO
         lowest = int(bins[positive].min()) if positive.any() else 0
         # The median's bin, from the pooled histogram (zeros first), not from sorting the values.
         pooled = np.bincount(np.where(positive, bins - lowest + 1, 0))
@@ -110,10 +117,15 @@ class _Binned:
         # Column 0 pools the zeros and every value under the median's bin; column j >= 1 is bin first + j - 1.
         self.exact_zeros = median_bin == 0  # then column 0 holds zeros alone, and its value is exact
         first = lowest if self.exact_zeros else lowest + median_bin - 1
-        column = np.where(positive & (bins >= first), bins - first + 1, 0)
-        width = int(column.max()) + 1
-        flat = np.bincount(block.astype(np.int64) * width + column, minlength=units * width)
-        self.hist = flat.reshape(units, width).astype(float)
+        np.subtract(bins, first - 1, out=bins)
+        bins[~positive | (bins < 1)] = 0  # now the column of each value
+        width = int(bins.max()) + 1
+        if units * width < 2**31:  # the cell of each value: block x width + column, in place
+            bins += block.astype(np.int32) * width
+            cells = bins
+        else:
+            cells = block.astype(np.int64) * width + bins
+        self.hist = np.bincount(cells, minlength=units * width).reshape(units, width).astype(float)
         bin_of = first + np.arange(width) - 1
         self.low, self.high = np.exp2(bin_of / BINS_PER_OCTAVE), np.exp2((bin_of + 1) / BINS_PER_OCTAVE)
         self.floor = float(self.low[1]) if width > 1 else 0.0
