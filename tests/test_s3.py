@@ -171,7 +171,7 @@ def test_run_report_and_resume_from_s3(
     before = objects(uri)
     fs, _ = store.locate(uri)
     lost = [p for p in before if p.endswith("/target=cand/p-00001.parquet")]
-    assert len(lost) == 3  # its requests, tokens and shards files
+    assert len(lost) == 4  # its requests, tokens, prompt_stats and shards files
     for path in lost:
         fs.delete_file(path)
     assert RunStore(uri).completed_shards() == SHARDS - {"m1/cand/p/00001"}

@@ -75,12 +75,27 @@ def divergences(
         _cand_topk="topk_ids",
     )
     spec = spec or NoiseSpec()
-    if spec.near_tie_nats is None:  # noise_table: noise_model.summary, when the caller has it already
-        table = noise_model.summary(tokens, reference, spec) if noise_table is None else noise_table
-        threshold = table.lazy().select(*RUN, "noise")
-    else:
-        threshold = seq.select(*RUN).unique().with_columns(noise=pl.lit(spec.near_tie_nats, dtype=_F64))
+    table = noise_table
+    if spec.near_tie_nats is None and table is None:  # noise_table: noise_model.summary, when the caller has it
+        table = noise_model.summary(tokens, reference, spec)
+    threshold = thresholds(seq, spec, table)
     ref_token = pl.col("_ref_ids").list.get(pl.col("first_divergence"), null_on_oob=True)
+    return classify(
+        seq.join(at, on=[*CAND, "first_divergence"], how="left")
+        .join(ref_ids, on=["model", "prompt_set", "prompt_id"], how="left")
+        .join(threshold, on=RUN, how="left")
+        .with_columns(ref_token=ref_token)
+        .with_columns(
+            cand_in_ref_topk=pl.col("_ref_topk").list.contains(pl.col("cand_token")),
+            ref_in_cand_topk=pl.col("_cand_topk").list.contains(pl.col("ref_token")),
+        )
+    )
+
+
+def classify(at: pl.LazyFrame) -> pl.DataFrame:
+    """`divergences` from each candidate prompt's figures at its first divergence: CAND,
+    first_divergence, cand_token, ref_token, _ref_lp, _ref_top1_lp, cand_in_ref_topk,
+    ref_in_cand_topk (null: no row there) and noise."""
     margin = (pl.col("_ref_top1_lp").cast(_F64) - pl.col("_ref_lp").cast(_F64)).clip(lower_bound=0.0)
     diverged = pl.col("first_divergence").is_not_null()
     near = (
@@ -90,13 +105,10 @@ def divergences(
         & pl.col("ref_in_cand_topk")
     ).fill_null(False)
     return (
-        seq.join(at, on=[*CAND, "first_divergence"], how="left")
-        .join(ref_ids, on=["model", "prompt_set", "prompt_id"], how="left")
-        .join(threshold, on=RUN, how="left")
-        .with_columns(ref_token=ref_token, ref_margin=margin)
-        .with_columns(
-            cand_in_ref_topk=pl.col("_ref_topk").list.contains(pl.col("cand_token")).fill_null(False),
-            ref_in_cand_topk=pl.col("_cand_topk").list.contains(pl.col("ref_token")).fill_null(False),
+        at.with_columns(
+            ref_margin=margin,
+            cand_in_ref_topk=pl.col("cand_in_ref_topk").fill_null(False),
+            ref_in_cand_topk=pl.col("ref_in_cand_topk").fill_null(False),
         )
         .with_columns(near_tie=pl.when(diverged).then(near))
         .with_columns(
@@ -110,6 +122,13 @@ def divergences(
         .sort(CAND)
         .collect()
     )
+
+
+def thresholds(seq: pl.LazyFrame, spec: NoiseSpec, noise_table: pl.DataFrame | None) -> pl.LazyFrame:
+    """The near-tie threshold per (model, candidate): the manifest's near_tie_nats, else the noise model's."""
+    if spec.near_tie_nats is None and noise_table is not None:
+        return noise_table.lazy().select(*RUN, "noise")
+    return seq.select(*RUN).unique().with_columns(noise=pl.lit(spec.near_tie_nats, dtype=_F64))
 
 
 def summary(requests: Frame, tokens: Frame, reference: str, *, spec: NoiseSpec | None = None) -> pl.DataFrame:
@@ -128,8 +147,10 @@ def summary_of(
     *,
     spec: NoiseSpec | None = None,
     noise_table: pl.DataFrame | None = None,
+    own: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
-    """`summary` from divergences already computed (a report needs both; each costs a pass)."""
+    """`summary` from divergences already computed (a report needs both; each costs a pass);
+    `own`: `noise` (the candidates' TF p99), when the caller has it."""
     tie = pl.col("kind") == "near tie"
     first_ok = pl.col("first_divergence").is_null() | (pl.col("first_divergence") > 0) | tie
     return (
@@ -141,7 +162,7 @@ def summary_of(
             first_top1_agreement_excl_ties=first_ok.mean(),
             seq_match_rate_excl_ties=(pl.col("kind") != "divergence").mean(),
         )
-        .join(noise(tokens, reference).lazy(), on=RUN, how="left")
+        .join((noise(tokens, reference) if own is None else own).lazy(), on=RUN, how="left")
         .join(
             (noise_model.summary(tokens, reference, spec) if noise_table is None else noise_table).lazy(),
             on=RUN,

@@ -16,9 +16,10 @@ reference| at the same positions is what the candidate does differ by.
   The near-tie rule (fleet/analysis/divergence.py) and the excess gates use this, never the
   candidate's own error: a worse candidate gets no wider tolerance.
 * **tf_excess**: the candidate's p99 |dlogp| over the noise, with a 95 % bootstrap interval over
-  prompts (`tf_excess_ci_low`, `tf_excess_ci_high`; prompts resampled BOOTSTRAP times, seed 0, the
-  twin's p99 recomputed on each resample). `tf_excess_ci_low > 1`: the candidate is further from
-  the reference than its precision explains, beyond sampling noise: a bug, not precision.
+  prompts (`tf_excess_ci_low`, `tf_excess_ci_high`; prompts, in key order, resampled BOOTSTRAP
+  times, seed 0, the twin's p99 recomputed on each resample; fleet/analysis/bootstrap.py).
+  `tf_excess_ci_low > 1`: the candidate is further from the reference than its precision explains,
+  beyond sampling noise: a bug, not precision.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from fleet.analysis import bootstrap
 from fleet.analysis.parity import CAND, RUN, Frame, split
 from fleet.results.info import RunInfo
 
@@ -86,42 +88,76 @@ def _abs_diffs(tokens: Frame, reference: str) -> pl.DataFrame:
 
 def summary(tokens: Frame, reference: str, spec: NoiseSpec | None = None) -> pl.DataFrame:
     """Per (model, candidate): the columns of COLUMNS (the module docstring says what each is)."""
+    diffs = _abs_diffs(tokens, reference)
+    key = pl.concat_str("prompt_set", pl.lit("\x00"), "prompt_id")  # the prompt, ordered as (set, id)
+    diffs = diffs.with_columns(prompt=key.rank("dense").over(RUN).cast(pl.Int64) - 1)
+    return of_diffs(diffs, spec)
+
+
+def of_diffs(diffs: pl.DataFrame, spec: NoiseSpec | None = None) -> pl.DataFrame:
+    """`summary` from candidate positions: model, target, prompt (0-based code of the prompt, in
+    key order: the bootstrap's unit), cand_diff (never null) and twin_diff (null: no twin)."""
     spec = spec or NoiseSpec()
     rows = []
-    for (model_name, target), group in _abs_diffs(tokens, reference).group_by(RUN, maintain_order=True):
-        rows.append({"model": model_name, "target": target} | _one(group, spec, str(model_name), str(target)))
+    for (model_name, target), group in diffs.group_by(RUN, maintain_order=True):
+        cand = group["cand_diff"].to_numpy()
+        twin = group["twin_diff"].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+        figures = one(cand, twin, group["prompt"].to_numpy(), spec, str(model_name), str(target))
+        rows.append({"model": model_name, "target": target} | figures)
+    return frame(rows)
+
+
+def frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    """`summary`'s frame from one dict per candidate: model, target and `one`'s figures."""
     schema = {"model": pl.String, "target": pl.String} | dict.fromkeys(COLUMNS, pl.Float64)
     schema |= {"noise_source": pl.String, "precision_verdict": pl.String}
     return pl.DataFrame(rows, schema=schema).sort(RUN)
 
 
-def _one(group: pl.DataFrame, spec: NoiseSpec, model_name: str, target: str) -> dict[str, Any]:
-    dtype = spec.dtype(model_name, target)
+def one(
+    cand: np.ndarray,
+    twin: np.ndarray,
+    prompt: np.ndarray,
+    spec: NoiseSpec,
+    model: str,
+    target: str,
+    *,
+    cand_p99: float | None = None,
+) -> dict[str, Any]:
+    """One candidate's figures; `twin` is NaN where the twin did not score (or scored NaN);
+    `cand_p99`: the QUANTILE of all of `cand`, when the caller has it."""
+    dtype = spec.dtype(model, target)
     allowance = spec.allowance.get(dtype, 1.0)
-    if group["cand_diff"].is_nan().any():  # a NaN logprob: nothing here can be measured
+    if np.isnan(cand).any():  # a NaN logprob: nothing here can be measured
         return dict.fromkeys(COLUMNS) | {"noise_source": "not measured: NaN logprobs"}
-    twinned = group.filter(pl.col("twin_diff").is_not_null() & pl.col("twin_diff").is_not_nan())
-    if twinned.height:
+    twinned = ~np.isnan(twin)
+    twin_values: np.ndarray | None = None
+    if twinned.any():
         # Candidate and twin over the same positions: where the twin did not run (a failed twin
         # shard, a prompt it skipped) the candidate is not compared either.
         source = f"precision twin ({dtype}) x {allowance:g}"
-        if twinned.height < group.height:
-            source += f", on the {twinned.height} of {group.height} positions the twin scored"
-        group = twinned
+        if twinned.sum() < len(cand):
+            source += f", on the {int(twinned.sum())} of {len(cand)} positions the twin scored"
+        if not twinned.all():
+            cand, twin_values, prompt, cand_p99 = cand[twinned], twin[twinned], prompt[twinned], None
+        else:
+            twin_values = twin
+        twin_p99 = float(np.quantile(twin_values, QUANTILE))
     else:
         source = f"default for {dtype} (no twin ran; SmolLM2-135M measurement) x {allowance:g}"
-    prompts = [g for _, g in group.group_by("prompt_set", "prompt_id", maintain_order=True)]
-    twin = [g["twin_diff"].to_numpy() for g in prompts] if twinned.height else None
-    if twin is not None:
-        twin_p99 = float(np.quantile(np.concatenate(twin), QUANTILE))
-    else:
         twin_p99 = DEFAULT_TWIN_P99.get(dtype, DEFAULT_TWIN_P99["bfloat16"])
-    cand = [g["cand_diff"].to_numpy() for g in prompts]
     noise = twin_p99 * allowance
-    excess = float(np.quantile(np.concatenate(cand), QUANTILE)) / noise if noise > 0 else None
-    low, high = _interval(cand, twin, twin_p99, allowance)
+    cand_q = float(np.quantile(cand, QUANTILE)) if cand_p99 is None else cand_p99
+    excess = cand_q / noise if noise > 0 else None
+    # Prompts renumbered 0..P-1 over those left, in key order: the bootstrap's resampling unit.
+    present = np.bincount(prompt) > 0
+    if not present.all():  # prompts left without a value: renumbered without gaps, order kept
+        prompt = (np.cumsum(present) - 1)[prompt]
+    low, high = bootstrap.interval(
+        cand, twin_values, prompt, twin_p99=twin_p99, allowance=allowance, quantile=QUANTILE, resamples=BOOTSTRAP
+    )
     return {
-        "twin_p99_abs_logprob_diff": twin_p99 if twin is not None else None,
+        "twin_p99_abs_logprob_diff": twin_p99 if twin_values is not None else None,
         "noise": noise,
         "noise_source": source,
         "tf_excess": excess,
@@ -129,24 +165,6 @@ def _one(group: pl.DataFrame, spec: NoiseSpec, model_name: str, target: str) -> 
         "tf_excess_ci_high": high,
         "precision_verdict": _verdict(low, high),
     }
-
-
-def _interval(
-    cand: list[np.ndarray], twin: list[np.ndarray] | None, twin_p99: float, allowance: float
-) -> tuple[float | None, float | None]:
-    """95 % bootstrap interval of candidate p99 / noise, resampling whole prompts (positions within
-    a prompt are not independent); with a twin its p99 is recomputed on the same resample."""
-    if not cand:
-        return None, None
-    rng = np.random.default_rng(0)
-    ratios = []
-    for _ in range(BOOTSTRAP):
-        pick = rng.integers(0, len(cand), len(cand))
-        c = np.quantile(np.concatenate([cand[i] for i in pick]), QUANTILE)
-        t = np.quantile(np.concatenate([twin[i] for i in pick]), QUANTILE) if twin is not None else twin_p99
-        ratios.append(c / (t * allowance) if t > 0 else np.inf)
-    low, high = np.quantile(ratios, [0.025, 0.975])
-    return float(low), float(high)
 
 
 def _verdict(low: float | None, high: float | None) -> str | None:

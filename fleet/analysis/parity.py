@@ -25,20 +25,19 @@ float64 before any arithmetic.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
-from fleet.analysis import ties
+from fleet.analysis import aligned, ties
 from fleet.analysis.missing import no_nan
 from fleet.contracts.errors import UserError
+from fleet.results import prompt_stats
 
 Frame = pl.DataFrame | pl.LazyFrame
 
 PROMPT = ["model", "prompt_set", "prompt_id"]  # identifies a prompt within a model
 CAND = ["model", "target", "prompt_set", "prompt_id"]  # ... and the candidate answering it
 RUN = ["model", "target"]
-# Keeps log(tail) finite when the top-k holds all the mass (or upper-bounded p_c sum past 1).
-# float32 logprobs leave ~1e-7 of noise in 1 - sum(p), so tails that small mean "none" anyway.
-_TAIL_FLOOR = 1e-12
 _F64 = pl.Float64
 
 
@@ -77,6 +76,12 @@ def first_step(tokens: Frame, reference: str) -> pl.DataFrame:
         _tf_logprob=pl.col("ref_logprob").cast(_F64),
         _tied=ties.top1_agreement(ties.longest_topk(cand0)),
     )
+    return first_step_of(cand0, ref0)
+
+
+def first_step_of(cand0: pl.LazyFrame, ref0: pl.LazyFrame) -> pl.DataFrame:
+    """`first_step` from position 0 of each side: cand0 (CAND, cand_token_id, cand_logprob, _tf_logprob,
+    _tied) and ref0 (PROMPT, ref_token_id, ref_logprob), token rows or prompt_stats alike."""
     same = pl.col("cand_token_id") == pl.col("ref_token_id")
     # Same token: the reference's own logprob. Different token: the reference's (teacher-forced)
     # logprob of the candidate's token, so p_ref and p_cand always describe the same event.
@@ -106,32 +111,25 @@ def sequences(requests: Frame, reference: str) -> pl.DataFrame:
     """
     ref, cand = split(requests, reference)
     # A null output (failed request) counts as an empty one: it then matches nothing.
-    ids = pl.coalesce("output_token_ids", pl.lit([], dtype=pl.List(pl.Int32)))
     pairs = (
-        cand.select(*CAND, _cand=ids)
-        .join(ref.select(*PROMPT, _ref=ids), on=PROMPT, how="inner")
-        .with_columns(n_ref=pl.col("_ref").list.len(), n_cand=pl.col("_cand").list.len())
-        .with_columns(tokens_total=pl.max_horizontal("n_ref", "n_cand"), exact_match=pl.col("_cand") == pl.col("_ref"))
-    )
-    # One row per position up to the longer output; a position past the shorter one never matches.
-    position = pl.col("position")
-    same = pl.col("_cand").list.get(position, null_on_oob=True) == pl.col("_ref").list.get(position, null_on_oob=True)
-    per_position = (
-        pairs.select(*CAND, "_cand", "_ref", position=pl.int_ranges(0, "tokens_total"))
-        .explode("position")  # pairs of two empty outputs may vanish here; the left join restores them
-        .with_columns(same=same.fill_null(False))
-        .group_by(CAND)
-        .agg(
-            tokens_matched=pl.col("same").sum().cast(pl.Int64),
-            first_divergence=position.filter(~pl.col("same")).min(),
-        )
-    )
-    return (
-        pairs.join(per_position, on=CAND, how="left")
-        .with_columns(pl.col("tokens_matched").fill_null(0))
-        .select(*CAND, "n_ref", "n_cand", "exact_match", "tokens_matched", "tokens_total", "first_divergence")
+        cand.select(*CAND, _cand="output_token_ids")
+        .join(ref.select(*PROMPT, _ref="output_token_ids"), on=PROMPT, how="inner")
         .sort(CAND)
         .collect()
+    )
+    return sequences_of(pairs.select(CAND), aligned.compare(pairs["_cand"].to_arrow(), pairs["_ref"].to_arrow()))
+
+
+def sequences_of(keys: pl.DataFrame, out: dict[str, np.ndarray]) -> pl.DataFrame:
+    """`sequences`' columns for prompts `keys`, from aligned.compare of their outputs."""
+    first = out["first_divergence"]
+    return keys.with_columns(
+        n_ref=pl.Series(out["n_ref"], dtype=pl.UInt32),
+        n_cand=pl.Series(out["n_cand"], dtype=pl.UInt32),
+        exact_match=pl.Series(first < 0),
+        tokens_matched=pl.Series(out["tokens_matched"], dtype=pl.Int64),
+        tokens_total=pl.Series(np.maximum(out["n_ref"], out["n_cand"]), dtype=pl.UInt32),
+        first_divergence=pl.Series(np.where(first < 0, 0, first), dtype=pl.Int64).set(pl.Series(first < 0), None),
     )
 
 
@@ -149,30 +147,11 @@ def kl_topk(tokens: Frame, reference: str) -> pl.DataFrame:
     _, cand = split(tokens, reference)
     keys = [*CAND, "position"]
     # Unscored (null ref_topk) and empty-top-k rows have no distribution to compare: null > 0 drops them.
-    both_topk = (pl.col("ref_topk_ids").list.len() > 0) & (pl.col("topk_ids").list.len() > 0)
-    scored = cand.filter(both_topk).select(*keys, "topk_ids", "topk_logprobs", "ref_topk_ids", "ref_topk_logprobs")
+    scored = cand.filter(prompt_stats.both_topk()).select(
+        *keys, "topk_ids", "topk_logprobs", "ref_topk_ids", "ref_topk_logprobs"
+    )
     k = scored.select(pl.max_horizontal(pl.col("ref_topk_ids", "topk_ids").list.len().max())).collect().item() or 0
-    # Column-wise over list slots (k x k comparisons, k <= 20), not exploded rows and a join: the
-    # tokens table of a big run has tens of millions of rows.
-    lc_min = pl.col("topk_logprobs").list.min().cast(_F64)
-    head, sum_pr, sum_pc = pl.lit(0.0), pl.lit(0.0), pl.lit(0.0)
-    for j in range(k):
-        rid = pl.col("ref_topk_ids").list.get(j, null_on_oob=True)
-        lr = pl.col("ref_topk_logprobs").list.get(j, null_on_oob=True).cast(_F64)
-        found = [
-            pl.when(pl.col("topk_ids").list.get(m, null_on_oob=True) == rid).then(
-                pl.col("topk_logprobs").list.get(m, null_on_oob=True)
-            )
-            for m in range(k)
-        ]
-        lc = pl.coalesce(*found, lc_min).cast(_F64)
-        present = rid.is_not_null()
-        head = head + pl.when(present).then(lr.exp() * (lr - lc)).otherwise(0.0)
-        sum_pr = sum_pr + pl.when(present).then(lr.exp()).otherwise(0.0)
-        sum_pc = sum_pc + pl.when(present).then(lc.exp()).otherwise(0.0)
-    tail_r = (1 - sum_pr).clip(lower_bound=_TAIL_FLOOR)
-    tail_c = (1 - sum_pc).clip(lower_bound=_TAIL_FLOOR)
-    kl = head + tail_r * (tail_r / tail_c).log()
+    kl = prompt_stats.kl(k)  # one definition with the writer's prompt_stats
     return scored.select(*keys, kl=kl).sort(keys).collect()
 
 
@@ -191,38 +170,14 @@ def parity(requests: Frame, tokens: Frame, reference: str) -> pl.DataFrame:
     """
     seq = sequences(requests, reference).lazy()
     ref_tok, cand_tok = split(tokens, reference)
-    matched = pl.col("tokens_matched").sum()
-    total = pl.col("tokens_total").sum()
-    seq_agg = seq.group_by(RUN).agg(
-        n_prompts=pl.len(),
-        seq_match_rate=pl.col("exact_match").mean(),
-        token_match_rate=pl.when(total > 0).then(matched / total),
-        tokens_matched=matched,
-        tokens_total=total,
-        n_diverged=pl.col("first_divergence").is_not_null().sum().cast(pl.Int64),
-        first_divergence_mean=pl.col("first_divergence").mean(),
-    )
-    first_agg = (
-        first_step(tokens, reference)
-        .lazy()
-        .group_by(RUN)
-        .agg(
-            first_top1_agreement=pl.col("top1_match").mean(),
-            first_logprob_diff_mean=no_nan(pl.col("logprob_diff"), pl.col("logprob_diff").mean()),
-            first_prob_rel_err_mean=no_nan(pl.col("rel_err"), pl.col("rel_err").mean()),
-        )
-    )
-    a, b = pl.col("_cand_lp"), pl.col("_ref_lp")
+    seq_agg = sequence_figures(seq)
+    first_agg = first_figures(first_step(tokens, reference))
     divergence = pl.col("first_divergence")
-    prefix_agg = (
+    prefix_agg = prefix_figures(
         cand_tok.select(*CAND, "position", _cand_lp=pl.col("logprob").cast(_F64))
         .join(ref_tok.select(*PROMPT, "position", _ref_lp=pl.col("logprob").cast(_F64)), on=[*PROMPT, "position"])
         .join(seq.select(*CAND, "first_divergence"), on=CAND)
         .filter(divergence.is_null() | (pl.col("position") < divergence))
-        .group_by(RUN)
-        .agg(
-            pearson_r=pl.when(pl.len() >= 2).then(pl.corr(a, b)).fill_nan(None), mae=no_nan(a - b, (a - b).abs().mean())
-        )
     )
     tf_diff = (pl.col("logprob").cast(_F64) - pl.col("ref_logprob").cast(_F64)).abs()
     tf_agg = cand_tok.group_by(RUN).agg(
@@ -232,8 +187,13 @@ def parity(requests: Frame, tokens: Frame, reference: str) -> pl.DataFrame:
     )
     kl = pl.col("kl")
     kl_agg = kl_topk(tokens, reference).lazy().group_by(RUN).agg(kl_topk_mean=no_nan(kl, kl.mean()))
+    return assemble(seq_agg, first_agg, prefix_agg, tf_agg, kl_agg)
+
+
+def assemble(seq_agg: pl.LazyFrame, *parts: pl.LazyFrame) -> pl.DataFrame:
+    """`parity`'s row per candidate from its parts, each keyed by (model, target)."""
     out = seq_agg
-    for part in (first_agg, prefix_agg, tf_agg, kl_agg):
+    for part in parts:
         out = out.join(part, on=RUN, how="left")
     return out.select(
         *RUN, "n_prompts",
@@ -243,6 +203,48 @@ def parity(requests: Frame, tokens: Frame, reference: str) -> pl.DataFrame:
         "tf_top1_agreement", "tf_max_abs_logprob_diff", "tf_mean_abs_logprob_diff",
         "first_divergence_mean", "n_diverged", "kl_topk_mean",
     ).sort(RUN).collect()  # fmt: skip
+
+
+def sequence_figures(seq: pl.LazyFrame) -> pl.LazyFrame:
+    """`parity`'s columns from `sequences`, per (model, target)."""
+    matched = pl.col("tokens_matched").sum()
+    total = pl.col("tokens_total").sum()
+    return seq.group_by(RUN).agg(
+        n_prompts=pl.len(),
+        seq_match_rate=pl.col("exact_match").mean(),
+        token_match_rate=pl.when(total > 0).then(matched / total),
+        tokens_matched=matched,
+        tokens_total=total,
+        n_diverged=pl.col("first_divergence").is_not_null().sum().cast(pl.Int64),
+        first_divergence_mean=pl.col("first_divergence").mean(),
+    )
+
+
+def first_figures(first: pl.DataFrame) -> pl.LazyFrame:
+    """`parity`'s columns from `first_step`, per (model, target)."""
+    return (
+        first.lazy()
+        .group_by(RUN)
+        .agg(
+            first_top1_agreement=pl.col("top1_match").mean(),
+            first_logprob_diff_mean=no_nan(pl.col("logprob_diff"), pl.col("logprob_diff").mean()),
+            first_prob_rel_err_mean=no_nan(pl.col("rel_err"), pl.col("rel_err").mean()),
+        )
+    )
+
+
+def prefix_figures(pairs: pl.LazyFrame) -> pl.LazyFrame:
+    """pearson_r and mae per (model, target) from common-prefix pairs (_cand_lp, _ref_lp)."""
+    return pairs.group_by(RUN).agg(**prefix_expressions())
+
+
+def prefix_expressions() -> dict[str, pl.Expr]:
+    """pearson_r and mae over the common-prefix pairs in columns _cand_lp and _ref_lp."""
+    a, b = pl.col("_cand_lp"), pl.col("_ref_lp")
+    return {
+        "pearson_r": pl.when(pl.len() >= 2).then(pl.corr(a, b)).fill_nan(None),
+        "mae": no_nan(a - b, (a - b).abs().mean()),
+    }
 
 
 def throughput(requests: Frame, shards: Frame) -> pl.DataFrame:
@@ -283,15 +285,19 @@ def accuracy(requests: Frame, reference: str) -> pl.DataFrame:
     delta_points = accuracy - the reference's accuracy on the same model (fleet.prompts.is_correct)."""
     from fleet.contracts.prompts import is_correct
 
-    judged = (
-        requests.lazy()
-        .filter(pl.col("expected").is_not_null())
+    with_rule = requests.lazy().filter(pl.col("expected").is_not_null())
+    # Judged once per distinct (rule, output): the judge is Python, and repeats (the same answer
+    # from several targets) are common.
+    verdicts = (
+        with_rule.select("expected", "output_text")
+        .unique()
         .with_columns(
             correct=pl.struct("expected", "output_text").map_elements(
                 lambda r: is_correct(r["expected"], r["output_text"]), return_dtype=pl.Boolean
             )
         )
     )
+    judged = with_rule.join(verdicts, on=["expected", "output_text"], how="left", nulls_equal=True)
     per_target = judged.group_by(RUN).agg(
         n_expected=pl.len(), n_correct=pl.col("correct").sum(), accuracy_pct=100 * pl.col("correct").mean()
     )

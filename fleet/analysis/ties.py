@@ -15,7 +15,11 @@ one vocabulary and as a miss on another. The rules here depend on the values onl
 from __future__ import annotations
 
 import numpy as np
-import polars as pl
+
+# The per-row rule as a Polars expression, shared with the writer's prompt_stats (one definition).
+from fleet.results.prompt_stats import longest_topk, top1_agreement
+
+__all__ = ["longest_topk", "tied_max", "top1_agreement", "top1_match", "topk_match", "topk_overlap"]
 
 
 def tied_max(x: np.ndarray) -> set[int]:
@@ -50,35 +54,3 @@ def topk_overlap(ref: np.ndarray, cand: np.ndarray, k: int) -> float:
     above_c, within_c = _topk_sets(cand, k)
     shared = min(len(within_r & within_c), k - len(above_r - within_c), k - len(above_c - within_r))
     return max(shared, 0) / k
-
-
-def top1_agreement(k: int) -> pl.Expr:
-    """On candidate token rows (teacher-forced columns alongside): whether the candidate's token, or
-    any of its tied maxima, is among the reference's tied maxima at the same prefix. `k` is the
-    longest top-k list. Null where the row was not scored."""
-    lp, ref_lp = pl.col("topk_logprobs"), pl.col("ref_topk_logprobs")
-    cand_max = pl.max_horizontal(pl.col("logprob"), lp.list.max())
-    ref_max = ref_lp.list.max()
-
-    def tied(ids: str, logprobs: pl.Expr, top: pl.Expr) -> list[pl.Expr]:
-        return [
-            pl.when(logprobs.list.get(j, null_on_oob=True) >= top).then(
-                pl.col(ids).list.get(j, null_on_oob=True).cast(pl.Int64)
-            )
-            for j in range(k)
-        ]
-
-    # The candidate's own token is its greedy choice; the reference's logprob of it sits in ref_logprob.
-    cand_tied = pl.concat_list(pl.col("token_id").cast(pl.Int64), *tied("topk_ids", lp, cand_max)).list.drop_nulls()
-    ref_tied = pl.concat_list(
-        pl.when(pl.col("ref_logprob") >= ref_max).then(pl.col("token_id").cast(pl.Int64)),
-        *tied("ref_topk_ids", ref_lp, ref_max),
-    ).list.drop_nulls()
-    scored = ref_lp.list.len() > 0
-    return pl.when(scored).then(cand_tied.list.set_intersection(ref_tied).list.len() > 0)
-
-
-def longest_topk(tokens: pl.LazyFrame) -> int:
-    """The longest top-k list of either side: how many slots `top1_agreement` looks at."""
-    width = pl.max_horizontal(pl.col("topk_ids", "ref_topk_ids").list.len().max())
-    return int(tokens.select(width).collect().item() or 0)

@@ -99,6 +99,39 @@ SHARDS = _schema(
     ],
 )
 
+# One row per prompt of a shard, written beside its token rows (fleet/results/prompt_stats.py): the
+# token columns the report's per-prompt comparisons read, as lists indexed by position, and the sums
+# its per-candidate figures merge. The report reads these instead of joining token rows.
+_LP_LIST = pa.list_(pa.float32())
+PROMPT_STATS = _schema(
+    "prompt_stats",
+    [
+        *_KEYS,
+        pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+        pa.field("n_positions", pa.int32(), metadata={"doc": "token rows of the prompt"}),
+        pa.field(
+            "contiguous",
+            pa.bool_(),
+            metadata={"doc": "positions are 0..n_positions-1, so a list's index is the position (else unused)"},
+        ),
+        pa.field("first_token_id", pa.int32(), metadata={"doc": "token at position 0; null if no such row"}),
+        pa.field(
+            "first_top1_tied", pa.bool_(), metadata={"doc": "tie-aware top-1 agreement at position 0 (null: unscored)"}
+        ),
+        pa.field("logprobs", _LP_LIST, metadata={"doc": "tokens.logprob by position"}),
+        pa.field("ref_logprobs", _LP_LIST, metadata={"doc": "tokens.ref_logprob by position"}),
+        pa.field("twin_logprobs", _LP_LIST, metadata={"doc": "tokens.twin_logprob by position"}),
+        pa.field("ref_top1_logprobs", _LP_LIST, metadata={"doc": "first of tokens.ref_topk_logprobs by position"}),
+        pa.field("in_ref_topk", pa.list_(pa.bool_()), metadata={"doc": "token_id is in ref_topk_ids, by position"}),
+        pa.field("topk_ids", pa.list_(_TOPK), metadata={"doc": "tokens.topk_ids by position"}),
+        pa.field("top1_scored", pa.int32(), metadata={"doc": "positions the reference scored"}),
+        pa.field("top1_agreed", pa.int32(), metadata={"doc": "of which tie-aware top-1 agrees"}),
+        pa.field("kl_positions", pa.int32(), metadata={"doc": "positions with both top-k lists (KL top-k)"}),
+        pa.field("kl_sum", pa.float64(), metadata={"doc": "sum of their KL top-k (nats)"}),
+        pa.field("kl_nan", pa.bool_(), metadata={"doc": "a KL top-k is NaN"}),
+    ],
+)
+
 # Columns the reference fills in by teacher-forced scoring of a candidate's tokens.
 SCORE_COLUMNS = ["ref_logprob", "ref_rank", "ref_topk_ids", "ref_topk_logprobs", "twin_logprob"]
 # What score() returns: the join keys plus SCORE_COLUMNS.
@@ -107,7 +140,12 @@ SCORES = _schema(
     [TOKENS.field("prompt_id"), TOKENS.field("position"), *(TOKENS.field(c) for c in SCORE_COLUMNS)],
 )
 
-TABLES: dict[str, pa.Schema] = {"requests": REQUESTS, "tokens": TOKENS, "shards": SHARDS}
+TABLES: dict[str, pa.Schema] = {
+    "requests": REQUESTS,
+    "tokens": TOKENS,
+    "prompt_stats": PROMPT_STATS,
+    "shards": SHARDS,
+}
 
 
 def all_tables() -> dict[str, pa.Schema]:

@@ -170,10 +170,10 @@ def _worked_examples(r: RunReport, spec: SectionSpec) -> list[Block]:
             "prompt_set",
             "prompt_id",
             expected=pl.col("expected").map_elements(_expected_value, return_dtype=pl.String),
-            question="prompt",  # as the model saw it (a chat prompt with its template)
         )
     )
     examples = r.sequences.join(expected, on=["model", "prompt_set", "prompt_id"], how="inner")
+    examples = examples.with_columns(question="prompt")  # as the model saw it (a chat prompt with its template)
     return spec.table(examples, wrap=("question", "ref_text", "cand_text"))
 
 

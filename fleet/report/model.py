@@ -22,7 +22,7 @@ from typing import Any
 
 import polars as pl
 
-from fleet.analysis import consistency, divergence, noise_floor, noise_model, probes
+from fleet.analysis import consistency, divergence, from_stats, noise_floor, noise_model, probes
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
 from fleet.analysis.noise_model import NoiseSpec
@@ -33,6 +33,7 @@ from fleet.results import reader
 from fleet.results.info import RunInfo
 
 _CAND = ["model", "target", "prompt_set", "prompt_id"]
+_PROMPT = ["model", "prompt_set", "prompt_id"]
 # fmt: off
 ARCH_KEYS = [
     "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -82,25 +83,27 @@ class RunReport:
         info = reader.read_info(run_dir)
         ref = info.reference
         scans = reader.load(run_dir)
-        tokens = scans.pop("tokens")
-        # Prompt token ids and chat turns are in no figure; on a big run they are most of the requests' bytes.
-        scans["requests"] = scans["requests"].drop("prompt_token_ids", "messages")
+        tokens, stats = scans.pop("tokens"), scans.pop("prompt_stats")
+        # Texts are read for the prompts a table shows and the answers judged, not for every request:
+        # on a big run they are most of the requests' bytes (token ids and chat turns are in no figure).
+        texts = scans["requests"].select(*_PROMPT, "target", "expected", "prompt", "output_text", "output_token_ids")
+        scans["requests"] = scans["requests"].drop("prompt_token_ids", "messages", "prompt", "output_text")
         t = {name: frame.collect() for name, frame in scans.items()}
         requests = t["requests"]
-        accuracy = analysis.accuracy(requests, ref)
+        accuracy = analysis.accuracy(texts.filter(pl.col("expected").is_not_null()), ref)
         variants, repeats = info.variants, info.repeats
         spec = NoiseSpec.from_info(info)
-        noise_table = noise_model.summary(tokens, ref, spec)  # the bootstrap once, for both
-        per_prompt = divergence.divergences(requests, tokens, ref, spec=spec, noise_table=noise_table)
-        ties = divergence.summary_of(per_prompt, tokens, ref, noise_table=noise_table)
-        sequences = divergence.worst(_sequences(requests, ref), per_prompt, top)
-        first = analysis.first_step(tokens, ref)
+        if reader.covers(run_dir, "prompt_stats", "tokens") and from_stats.usable(stats):
+            parity, first, per_prompt, seqs = _from_stats(requests, stats, ref, spec)
+        else:  # a run written before prompt_stats: the same figures from its token rows
+            parity, first, per_prompt, seqs = _from_tokens(requests, tokens, ref, spec)
+        sequences = _worst_sequences(texts, ref, seqs, per_prompt, top)
         report = cls(
             run_dir=run_dir,
             info=info,
             tables=t,
             tokens=tokens,
-            parity=analysis.parity(requests, tokens, ref).join(ties, on=["model", "target"], how="left"),
+            parity=parity,
             first_step=first.sort("rel_err", descending=True, nulls_last=True)
             .group_by("model", "target")
             .head(top)
@@ -260,14 +263,42 @@ def _shown(first: pl.DataFrame, sequences: pl.DataFrame) -> pl.DataFrame:
     return counts.join(shown, on=["model", "target"], how="left").sort("model", "target")
 
 
-def _sequences(requests: pl.DataFrame, reference: str) -> pl.DataFrame:
-    """analysis.answers (texts, match, correctness) with analysis.sequences (divergence) and the prompt."""
-    seqs = analysis.sequences(requests, reference)
-    prompts = requests.filter(pl.col("target") == reference).select("model", "prompt_set", "prompt_id", "prompt")
+Figures = tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]  # parity, first step, divergences, sequences
+
+
+def _from_tokens(requests: pl.DataFrame, tokens: pl.LazyFrame, ref: str, spec: NoiseSpec) -> Figures:
+    """The token figures from the token rows: runs written before prompt_stats."""
+    noise_table = noise_model.summary(tokens, ref, spec)  # the bootstrap once, for both
+    per_prompt = divergence.divergences(requests, tokens, ref, spec=spec, noise_table=noise_table)
+    ties = divergence.summary_of(per_prompt, tokens, ref, noise_table=noise_table)
+    parity = analysis.parity(requests, tokens, ref).join(ties, on=["model", "target"], how="left")
+    return parity, analysis.first_step(tokens, ref), per_prompt, analysis.sequences(requests, ref)
+
+
+def _from_stats(requests: pl.DataFrame, stats: pl.LazyFrame, ref: str, spec: NoiseSpec) -> Figures:
+    """The same figures from prompt_stats: prompts joined with prompts (fleet/analysis/from_stats.py)."""
+    pairs = from_stats.Pairs.load(requests, stats, ref)
+    first = from_stats.first_step(pairs)
+    parity, noise_table, own = from_stats.figures(pairs, first, spec)
+    per_prompt = from_stats.divergences(pairs, stats, spec, noise_table)
+    parity = parity.join(from_stats.summary_of(per_prompt, own, noise_table), on=["model", "target"], how="left")
+    return parity, first, per_prompt, pairs.seq
+
+
+def _worst_sequences(
+    texts: pl.LazyFrame, reference: str, seqs: pl.DataFrame, per_prompt: pl.DataFrame, top: int
+) -> pl.DataFrame:
+    """The `top` worst prompts per candidate (divergence.worst) with analysis.answers (texts, match,
+    correctness) and the prompt: texts are read and judged for the prompts shown only."""
+    picked = divergence.worst(seqs, per_prompt, top)
+    keys = picked.select(_PROMPT).unique().lazy()
+    shown = texts.join(keys, on=_PROMPT, how="semi").collect()
+    answers = analysis.answers(shown, reference)
+    prompts = shown.filter(pl.col("target") == reference).select(*_PROMPT, "prompt")
     return (
-        analysis.answers(requests, reference)
-        .join(seqs, on=_CAND, how="left")
-        .join(prompts, on=["model", "prompt_set", "prompt_id"], how="left")
+        answers.join(picked.drop("kind", "ref_margin", "noise"), on=_CAND, how="inner")
+        .join(prompts, on=_PROMPT, how="left")
+        .join(picked.select(*_CAND, "kind", "ref_margin", "noise"), on=_CAND, how="left")
         .sort(_CAND)
     )
 

@@ -93,6 +93,17 @@ def load(run_dir: str | Path) -> dict[str, pl.LazyFrame]:
     return frames
 
 
+def covers(run_dir: str | Path, table: str, of: str) -> bool:
+    """Whether `table` holds a file for each file of `of` and no other (same partition and name):
+    prompt_stats written beside every tokens file, which runs from before it lack."""
+    fs, root = store.locate(run_dir)
+
+    def names(name: str) -> set[str]:
+        return {f.removeprefix(f"{root}/{name}/") for f in store.parquet_files(fs, f"{root}/{name}")}
+
+    return names(table) == names(of)
+
+
 def _footer(fs: pafs.FileSystem, file: str, declared: pa.Schema) -> dict[bytes, bytes]:
     """A file's key-value metadata, once its footer parses and its columns are the declared ones."""
     where = file if isinstance(fs, pafs.LocalFileSystem) else f"{fs.type_name}://{file}"

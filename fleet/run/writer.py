@@ -6,6 +6,8 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from fleet.results import prompt_stats
+
 if TYPE_CHECKING:
     from fleet.results.store import RunStore
     from fleet.run.progress import Progress
@@ -31,6 +33,7 @@ class ShardWriter:
             # The shards row goes last: its presence marks the shard complete (resume relies on that).
             self.store.write("requests", shard_id, gen.requests)
             self.store.write("tokens", shard_id, tokens)
+            self.store.write("prompt_stats", shard_id, prompt_stats.summarize(tokens))  # what the report reads
             self.store.write("shards", shard_id, gen.shard)
             if shard.then is not None:
                 shard.then()

@@ -1,0 +1,151 @@
+"""The noise model's bootstrap interval of candidate p99 / twin p99, resampling whole prompts,
+computed without concatenating each resample's values.
+
+Values are sorted once; a resample is a count per prompt (how often it was drawn), and a
+quantile of the resample is read off the cumulative counts of the sorted values: the same order
+statistics, interpolated as numpy.quantile's "linear" method does, so the result equals the
+resample-and-concatenate loop for the same draws (tests/test_report_aggregates.py checks it).
+
+That costs one pass over the values per resample. Past EXACT_MAX_VALUES values (a 10M-token run
+has millions per candidate) the prompts are dealt, in key order, into BLOCKS blocks, the values
+binned on a log scale (BINS_PER_OCTAVE bins per doubling, 1.1 % wide) into one histogram per
+block, and blocks are resampled: one matrix product for every resample. Blocks of prompts drawn
+at random are themselves independent draws, so the interval estimates the same sampling spread;
+what differs is Monte-Carlo noise and the bin width (the stated tolerance is in docs/results.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EXACT_MAX_VALUES = 20_000
+BLOCKS = 1000
+BINS_PER_OCTAVE = 64
+# The resampled p99 is never below the pooled median: bins under it are pooled into one count.
+_FLOOR_QUANTILE = 0.5
+_CHUNK = 1 << 20
+_ZERO = np.iinfo(np.int32).min
+
+
+def interval(
+    cand: np.ndarray,
+    twin: np.ndarray | None,
+    prompt: np.ndarray,
+    *,
+    twin_p99: float,
+    allowance: float,
+    quantile: float,
+    resamples: int,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """95 % interval of quantile(cand) / (quantile(twin) x allowance) over prompt resamples.
+
+    `prompt` codes each value's prompt 0..P-1 (the resampling unit, in key order); `twin`, when
+    given, holds the twin's values at the same positions (same codes); without it the twin's
+    quantile is the fixed `twin_p99`."""
+    n_prompts = int(prompt.max()) + 1
+    rng = np.random.default_rng(seed)
+    if len(cand) <= EXACT_MAX_VALUES:
+        c_sorted, t_sorted = _Sorted(cand, prompt), _Sorted(twin, prompt) if twin is not None else None
+        ratios = []
+        for _ in range(resamples):
+            drawn = np.bincount(rng.integers(0, n_prompts, n_prompts), minlength=n_prompts)
+            c = c_sorted.quantile(drawn, quantile)
+            t = t_sorted.quantile(drawn, quantile) if t_sorted is not None else twin_p99
+            ratios.append(c / (t * allowance) if t > 0 else np.inf)
+    else:
+        blocks = prompt % BLOCKS if n_prompts > BLOCKS else prompt
+        units = min(n_prompts, BLOCKS)
+        draws = np.stack([np.bincount(rng.integers(0, units, units), minlength=units) for _ in range(resamples)])
+        c_q = _Binned(cand, blocks, units).quantiles(draws, quantile)
+        t_q = (
+            _Binned(twin, blocks, units).quantiles(draws, quantile)
+            if twin is not None
+            else np.full(resamples, twin_p99)
+        )
+        with np.errstate(divide="ignore"):
+            ratios = list(np.where(t_q > 0, c_q / (t_q * allowance), np.inf))
+    low, high = np.quantile(ratios, [0.025, 0.975])
+    return float(low), float(high)
+
+
+def _virtual_index(n: float, quantile: float) -> float:
+    """numpy.quantile's "linear" virtual index, written as numpy computes it (bit for bit)."""
+    return n * quantile + (1 + quantile * (1 - 1 - 1)) - 1
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    """numpy's interpolation between neighbouring order statistics (its two-sided form)."""
+    diff = b - a
+    return float(b - diff * (1 - t)) if t >= 0.5 else float(a + diff * t)
+
+
+class _Sorted:
+    """Values sorted once, with the prompt of each: quantiles of any resample of prompts."""
+
+    def __init__(self, values: np.ndarray, prompt: np.ndarray) -> None:
+        order = np.argsort(values, kind="stable")
+        self.values, self.prompt = values[order], prompt[order]
+
+    def quantile(self, drawn: np.ndarray, quantile: float) -> float:
+        counts = np.cumsum(drawn[self.prompt])  # how many resampled values are <= each sorted value
+        total = int(counts[-1])
+        index = _virtual_index(total, quantile)
+        below = int(np.floor(index))
+        lo_rank, hi_rank = min(max(below, 0), total - 1), min(max(below + 1, 0), total - 1)
+        lo, hi = np.searchsorted(counts, [lo_rank, hi_rank], side="right")
+        return _lerp(self.values[lo], self.values[hi], index - below)
+
+
+class _Binned:
+    """Per-block log-binned histograms of non-negative values: quantiles of block resamples."""
+
+    def __init__(self, values: np.ndarray, block: np.ndarray, units: int) -> None:
+        bins = np.empty(len(values), dtype=np.int32)  # _ZERO for zeros
+        for at in range(0, len(values), _CHUNK):  # in chunks: the temporaries stay small on a big run
+            chunk = values[at : at + _CHUNK]
+            positive = chunk > 0
+            part = np.full(len(chunk), _ZERO, dtype=np.int32)
+            # float32 is ample for a bin 1.1 % wide, and half the memory and time of float64.
+            part[positive] = np.floor(np.log2(chunk[positive].astype(np.float32)) * BINS_PER_OCTAVE)
+            bins[at : at + _CHUNK] = part
+        positive = bins != _ZERO
+        lowest = int(bins[positive].min()) if positive.any() else 0
+        # The median's bin, from the pooled histogram (zeros first), not from sorting the values.
+        pooled = np.bincount(np.where(positive, bins - lowest + 1, 0))
+        median_bin = int(np.searchsorted(np.cumsum(pooled), len(values) * _FLOOR_QUANTILE, side="right"))
+        # Column 0 pools the zeros and every value under the median's bin; column j >= 1 is bin first + j - 1.
+        self.exact_zeros = median_bin == 0  # then column 0 holds zeros alone, and its value is exact
+        first = lowest if self.exact_zeros else lowest + median_bin - 1
+        np.subtract(bins, first - 1, out=bins)
+        bins[~positive | (bins < 1)] = 0  # now the column of each value
+        width = int(bins.max()) + 1
+        if units * width < 2**31:  # the cell of each value: block x width + column, in place
+            bins += block.astype(np.int32) * width
+            cells = bins
+        else:
+            cells = block.astype(np.int64) * width + bins
+        self.hist = np.bincount(cells, minlength=units * width).reshape(units, width).astype(float)
+        bin_of = first + np.arange(width) - 1
+        self.low, self.high = np.exp2(bin_of / BINS_PER_OCTAVE), np.exp2((bin_of + 1) / BINS_PER_OCTAVE)
+        self.floor = float(self.low[1]) if width > 1 else 0.0
+
+    def quantiles(self, draws: np.ndarray, quantile: float) -> np.ndarray:
+        counts = np.cumsum(draws.astype(float) @ self.hist, axis=1)
+        out = np.empty(len(draws))
+        for i, cum in enumerate(counts):
+            total = int(cum[-1])
+            index = _virtual_index(total, quantile)
+            below = int(np.floor(index))
+            lo, hi = (self._value(cum, min(max(r, 0), total - 1)) for r in (below, below + 1))
+            out[i] = _lerp(lo, hi, index - below)
+        return out
+
+    def _value(self, cum: np.ndarray, rank: int) -> float:
+        """The value of 0-based `rank`: the bin's values taken as evenly spread on the log scale."""
+        j = int(np.searchsorted(cum, rank, side="right"))
+        if j == 0:  # pooled column: zeros, or (never in practice: under the median) the floor
+            return 0.0 if self.exact_zeros else self.floor
+        before = cum[j - 1]
+        share = (rank - before + 0.5) / (cum[j] - before)
+        return float(self.low[j] * (self.high[j] / self.low[j]) ** share)

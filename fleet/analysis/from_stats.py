@@ -1,0 +1,262 @@
+"""The report's token figures from prompt_stats (fleet/results/prompt_stats.py): prompts joined with
+prompts, never token rows with token rows.
+
+Each function returns what its namesake over token rows returns (fleet/analysis/parity.py,
+divergence.py, noise_model.py), and the figures are the same: sums, extrema and exact quantiles
+over the same values, the bootstrap over the same resamples (fleet/analysis/bootstrap.py). Only the
+order of floating-point additions differs. Per-position values are taken from the flat Arrow
+buffers of the lists, one candidate at a time, so no per-token frame with string keys is built.
+The run's `prompt_stats` must cover every tokens file and hold contiguous positions (`usable`);
+otherwise the report reads token rows as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fleet.analysis import aligned, divergence, noise_model, parity
+from fleet.analysis.noise_model import NoiseSpec
+from fleet.analysis.parity import CAND, PROMPT, RUN
+
+_F64 = pl.Float64
+_CAND_COLUMNS = ["n_positions", "first_token_id", "first_top1_tied", "logprobs", "ref_logprobs", "twin_logprobs"]
+_CAND_COLUMNS += ["top1_scored", "top1_agreed", "kl_positions", "kl_sum", "kl_nan"]
+_NONE = np.iinfo(np.int64).max
+Row = dict[str, Any] | None  # first_divergence of identical outputs: the prefix is everything
+
+
+def usable(stats: pl.LazyFrame) -> bool:
+    """Whether every prompt's lists are indexed by position (a prompt with a gap in its positions
+    would be compared at the wrong ones)."""
+    return bool(stats.select(pl.col("contiguous").fill_null(False).all()).collect().item())
+
+
+class Flat:
+    """A list column as one flat Arrow array (nulls kept) and each row's start and length."""
+
+    def __init__(self, lists: pl.Series) -> None:
+        arrow = lists.to_arrow()
+        arrow = arrow.combine_chunks() if isinstance(arrow, pa.ChunkedArray) else arrow
+        self.n = aligned.lengths(arrow)
+        self.start = np.concatenate([[0], np.cumsum(self.n)[:-1]]).astype(np.int64) if len(self.n) else self.n
+        self.values = pc.list_flatten(arrow)
+
+    def at(self, rows: np.ndarray, positions: np.ndarray, *, inside_lists: bool = False) -> pl.Series:
+        """Values at (row, position) pairs; null where the position is past the row's list
+        (`inside_lists`: the caller knows none is, and no mask is built)."""
+        if inside_lists:
+            return pl.Series(pc.take(self.values, pa.array(self.start[rows] + positions)))
+        inside = positions < self.n[rows]
+        index = pa.array(np.where(inside, self.start[rows] + np.minimum(positions, self.n[rows] - 1), 0), mask=~inside)
+        return pl.Series(pc.take(self.values, index))
+
+    def numbers(self, first: int, last: int) -> np.ndarray:
+        """`rows` as numbers (float32 as stored, not copied where there is no null), NaN for nulls."""
+        return self._slice(first, last).to_numpy(zero_copy_only=False)
+
+    def nulls(self, first: int, last: int) -> np.ndarray:
+        return self._slice(first, last).is_null().to_numpy(zero_copy_only=False)
+
+    def _slice(self, first: int, last: int) -> pa.Array:
+        lo = int(self.start[first]) if last > first else 0
+        hi = int(self.start[last - 1] + self.n[last - 1]) if last > first else 0
+        return self.values.slice(lo, hi - lo)
+
+    def rows(self, first: int, last: int) -> pl.Series:
+        """Every value of rows first..last-1, in order."""
+        lo = int(self.start[first]) if last > first else 0
+        hi = int(self.start[last - 1] + self.n[last - 1]) if last > first else 0
+        return pl.Series(self.values.slice(lo, hi - lo))
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """Candidate prompts paired with the reference's: `sequences` (sorted by CAND), the tokens at
+    each first divergence, and both sides' prompt_stats rows as stored (each candidate's rows
+    together, in file order: sorting lists of every token would cost a copy of them)."""
+
+    seq: pl.DataFrame  # parity.sequences
+    tokens_at_divergence: pl.DataFrame  # per seq row: _cand_token, _ref_token (output ids at first_divergence)
+    cand: pl.DataFrame  # every candidate prompt_stats row (CAND, _CAND_COLUMNS, prompt: rank in key order)
+    ref: pl.DataFrame  # the reference's rows: PROMPT, first_token_id, logprobs
+    cand_row: np.ndarray  # per seq row, its cand and ref row (-1: none)
+    ref_row: np.ndarray
+    reference: str
+
+    @classmethod
+    def load(cls, requests: pl.DataFrame, stats: pl.LazyFrame, reference: str) -> Pairs:
+        is_ref = pl.col("target") == reference
+        # Keys joined alone; the id lists are compared where they lie, by row (a join, sort or
+        # gather carrying the lists would copy every output token).
+        keys = requests.select(*CAND).with_row_index("_c")
+        keys = keys.filter(~is_ref).join(keys.filter(is_ref).select(*PROMPT, _r="_c"), on=PROMPT).sort(CAND)
+        ids = aligned.Lists(requests["output_token_ids"].to_arrow())
+        cand_rows, ref_rows = keys["_c"].to_numpy().astype(np.int64), keys["_r"].to_numpy().astype(np.int64)
+        seq = parity.sequences_of(keys.select(CAND), aligned.compare_rows(ids, cand_rows, ref_rows))
+        d = seq["first_divergence"].fill_null(-1).to_numpy()
+        at = np.where(d >= 0, d, np.iinfo(np.int32).max)
+        at_d = pl.DataFrame({"_cand_token": ids.at(cand_rows, at), "_ref_token": ids.at(ref_rows, at)}).select(
+            pl.all().replace(-1, None).cast(pl.Int32)
+        )
+        del ids
+        cand = stats.filter(~is_ref).select(*CAND, *_CAND_COLUMNS).with_row_index("_file_row").collect()
+        # Runs of one (model, target) under two weight directories would interleave: then sort them together.
+        if cand.select(pl.struct(RUN).rle_id().n_unique()).item() != cand.select(pl.struct(RUN).n_unique()).item():
+            cand = cand.sort(RUN, maintain_order=True)
+        # Each prompt's rank in key order within its candidate: the bootstrap's unit (noise_model.one).
+        order = cand.select(CAND).with_row_index().sort(CAND).with_columns(prompt=pl.int_range(pl.len()).over(RUN))
+        cand = cand.with_columns(prompt=order.sort("index")["prompt"].cast(pl.Int64))
+        ref = stats.filter(is_ref).select(*PROMPT, "first_token_id", "logprobs").collect()
+        rows = (
+            seq.select(CAND)
+            .join(cand.select(CAND).with_row_index("_c"), on=CAND, how="left", maintain_order="left")
+            .join(ref.select(PROMPT).with_row_index("_r"), on=PROMPT, how="left", maintain_order="left")
+            .select(pl.col("_c", "_r").cast(pl.Int64).fill_null(-1))
+        )
+        return cls(seq, at_d, cand, ref, rows["_c"].to_numpy(), rows["_r"].to_numpy(), reference)
+
+    def candidates(self) -> Iterator[tuple[str, str, int, int, int, int]]:
+        """(model, target, first cand row, end, first seq row, end) of each candidate's blocks."""
+        cand = self.cand.select(RUN).with_row_index().group_by(RUN, maintain_order=True)
+        seq = self.seq.select(RUN).with_row_index().group_by(RUN, maintain_order=True)
+        bounds = pl.col("index").min().alias("first"), (pl.col("index").max() + 1).alias("end")
+        both = cand.agg(*bounds).join(seq.agg(*bounds), on=RUN, how="left", suffix="_seq")
+        yield from both.with_columns(pl.col("first_seq", "end_seq").fill_null(0)).iter_rows()
+
+
+def first_step(pairs: Pairs) -> pl.DataFrame:
+    """parity.first_step: position 0 of both sides, from each prompt's first entries."""
+    cand0 = pairs.cand.lazy().filter(pl.col("first_token_id").is_not_null())
+    cand0 = cand0.select(
+        *CAND,
+        cand_token_id="first_token_id",
+        cand_logprob=pl.col("logprobs").list.first().cast(_F64),
+        _tf_logprob=pl.col("ref_logprobs").list.first().cast(_F64),
+        _tied="first_top1_tied",
+    )
+    ref0 = pairs.ref.lazy().filter(pl.col("first_token_id").is_not_null())
+    ref0 = ref0.select(*PROMPT, ref_token_id="first_token_id", ref_logprob=pl.col("logprobs").list.first().cast(_F64))
+    return parity.first_step_of(cand0, ref0)
+
+
+def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(parity.parity, noise_model.summary, divergence.noise) from one pass over each candidate's lists."""
+    lp, ref_lp, twin_lp = (Flat(pairs.cand[c]) for c in ("logprobs", "ref_logprobs", "twin_logprobs"))
+    ref_side = Flat(pairs.ref["logprobs"])
+    prompt = pairs.cand["prompt"].to_numpy()
+
+    def candidate(model: str, target: str, first_row: int, end: int, first_seq: int, end_seq: int) -> tuple[Row, Row]:
+        # numpy, not frames: these are the largest arrays of the report, and numpy hands them back
+        # to the system when freed (Polars' allocator keeps what it had).
+        ref = ref_lp.numbers(first_row, end)
+        # Differences of float32 logprobs taken in float64, as the token-row figures take them.
+        cand_diff = np.subtract(lp.numbers(first_row, end), ref, dtype=np.float64)
+        twin_diff = np.subtract(twin_lp.numbers(first_row, end), ref, dtype=np.float64)  # NaN: no twin there
+        np.abs(cand_diff, out=cand_diff)
+        np.abs(twin_diff, out=twin_diff)
+        scored = ~ref_lp.nulls(first_row, end) & ~lp.nulls(first_row, end)  # null: unscored; a NaN counts
+        del ref
+        every = bool(scored.all())  # then no copies: these arrays are the run's size
+        cand_diff = cand_diff if every else cand_diff[scored]
+        nan = bool(np.isnan(cand_diff).any())
+        tf: dict[str, float | None] = dict.fromkeys(_TF)
+        if cand_diff.size and not nan:
+            p99 = np.quantile(cand_diff, divergence.NOISE_QUANTILE)
+            tf = dict(zip(_TF, map(float, (cand_diff.max(), cand_diff.mean(), p99)), strict=True))
+        prefix = _prefix(pairs, lp, ref_side, first_seq, end_seq).select(**parity.prefix_expressions())
+        key = {"model": model, "target": target}
+        if not cand_diff.size:  # nothing scored: no noise-model row, as from token rows
+            return key | tf | prefix.row(0, named=True), None
+        units = np.repeat(prompt[first_row:end].astype(np.int32), lp.n[first_row:end])
+        units, twin_diff = (units, twin_diff) if every else (units[scored], twin_diff[scored])
+        one = noise_model.one(cand_diff, twin_diff, units, spec, model, target, cand_p99=tf[_TF[2]])
+        return key | tf | prefix.row(0, named=True), key | one
+
+    # One candidate at a time: two in threads measured 15 % faster on 2 cores but held both
+    # candidates' arrays at once (+150 MB at 10M token rows, past the 1 GB goal).
+    done = [candidate(*bounds) for bounds in pairs.candidates()]
+    rows = [row for row, _ in done]
+    noise_rows = [row for _, row in done if row is not None]
+    schema = {"model": pl.String, "target": pl.String} | dict.fromkeys([*_TF, "pearson_r", "mae"], _F64)
+    per_candidate = pl.DataFrame(rows, schema=schema)
+    cand = pairs.cand.lazy()
+    scored_n, kl_n = pl.col("top1_scored").sum(), pl.col("kl_positions").sum()
+    sums = cand.group_by(RUN).agg(
+        tf_top1_agreement=pl.when(scored_n > 0).then(pl.col("top1_agreed").sum() / scored_n),
+        kl_topk_mean=pl.when(pl.col("kl_nan").any()).then(None).when(kl_n > 0).then(pl.col("kl_sum").sum() / kl_n),
+    )
+    table = parity.assemble(
+        parity.sequence_figures(pairs.seq.lazy()),
+        parity.first_figures(first),
+        sums.join(per_candidate.lazy().drop("tf_p99_abs_logprob_diff"), on=RUN, how="left"),
+    )
+    own = per_candidate.select(*RUN, "tf_p99_abs_logprob_diff").sort(RUN)
+    return table, noise_model.frame(noise_rows), own
+
+
+_TF = ["tf_max_abs_logprob_diff", "tf_mean_abs_logprob_diff", "tf_p99_abs_logprob_diff"]
+
+
+def _prefix(pairs: Pairs, cand_lp: Flat, ref_lp: Flat, first_seq: int, end_seq: int) -> pl.DataFrame:
+    """(_cand_lp, _ref_lp) at every position of the common prefix of seq rows first_seq..end_seq-1,
+    the pairs parity's join of token rows gives."""
+    cand_row, ref_row = pairs.cand_row[first_seq:end_seq], pairs.ref_row[first_seq:end_seq]
+    has = (cand_row >= 0) & (ref_row >= 0)
+    c, r = np.where(has, cand_row, 0), np.where(has, ref_row, 0)
+    first = pairs.seq["first_divergence"][first_seq:end_seq].fill_null(_NONE).to_numpy()
+    n = np.where(has, np.minimum(np.minimum(cand_lp.n[c], ref_lp.n[r]), first), 0) if len(c) else c
+    row, position = aligned.common(n)
+    cand_values = cand_lp.at(c[row], position, inside_lists=True).cast(_F64)
+    return pl.DataFrame({"_cand_lp": cand_values, "_ref_lp": ref_lp.at(r[row], position, inside_lists=True).cast(_F64)})
+
+
+def divergences(pairs: Pairs, stats: pl.LazyFrame, spec: NoiseSpec, table: pl.DataFrame) -> pl.DataFrame:
+    """divergence.divergences: each candidate prompt's first divergence, classified from its lists
+    (`stats`: the scan `pairs` was loaded from)."""
+    seq = pairs.seq
+    d = seq["first_divergence"].fill_null(_NONE).to_numpy()
+    c = pairs.cand_row
+    where = np.where(c >= 0, c, 0)
+    n = np.where(c >= 0, pairs.cand["n_positions"].fill_null(0).to_numpy()[where], 0)
+    at = np.where(d < n, d, _NONE)  # the token row at the divergence, if the candidate has one
+    ids = pairs.tokens_at_divergence
+    frame = seq.select(*CAND, "first_divergence").with_columns(
+        cand_token=pl.when(pl.Series(at != _NONE)).then(ids["_cand_token"]),
+        ref_token=ids["_ref_token"],
+        _ref_lp=Flat(pairs.cand["ref_logprobs"]).at(where, at),
+    )
+    # The top-k lists are the bulk of prompt_stats and only their entry at the divergence is
+    # wanted: streamed from the files (rows found by their number in the scan, no key join), so
+    # they are never all in memory.
+    wanted = np.flatnonzero(at != _NONE)
+    file_row = pairs.cand["_file_row"].to_numpy()
+    needed = pl.DataFrame({"_file_row": file_row[where[wanted]], "_d": at[wanted], "_seq": wanted}).lazy()
+    position = pl.col("_d")
+    lists = (
+        stats.filter(pl.col("target") != pairs.reference)
+        .select("ref_top1_logprobs", "in_ref_topk", "topk_ids")
+        .with_row_index("_file_row")
+        .join(needed.with_columns(pl.col("_file_row").cast(pl.UInt32)), on="_file_row")
+        .select(
+            "_seq",
+            _ref_top1_lp=pl.col("ref_top1_logprobs").list.get(position),
+            cand_in_ref_topk=pl.col("in_ref_topk").list.get(position),
+            _cand_topk=pl.col("topk_ids").list.get(position),
+        )
+        .collect(engine="streaming")
+    )
+    frame = frame.with_row_index("_seq").join(lists.cast({"_seq": pl.UInt32}), on="_seq", how="left")
+    frame = frame.with_columns(ref_in_cand_topk=pl.col("_cand_topk").list.contains(pl.col("ref_token")))
+    return divergence.classify(frame.lazy().join(divergence.thresholds(seq.lazy(), spec, table), on=RUN, how="left"))
+
+
+def summary_of(per_prompt: pl.DataFrame, own: pl.DataFrame, table: pl.DataFrame) -> pl.DataFrame:
+    """divergence.summary_of, its TF p99 and noise model already computed."""
+    return divergence.summary_of(per_prompt, pl.DataFrame(), "", noise_table=table, own=own)

@@ -1,0 +1,143 @@
+"""The report's figures from prompt_stats (what each shard now writes beside its token rows) agree
+with the same figures from the token rows, and runs without prompt_stats still report.
+
+Tolerances (docs/results.md states them): every figure of parity, first step, divergences and
+sequences agrees to 1e-9 relative (only the order of floating-point additions differs; p99s are
+exact quantiles of the same values); the noise model's bootstrap interval is the same resampling,
+bit for bit, up to bootstrap.EXACT_MAX_VALUES values per candidate, and past it (blocks of prompts,
+log-binned) its endpoints lie within 5 % of the interval's width of the exact bootstrap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+from polars.testing import assert_frame_equal
+from test_compare import DIVERGED, SAME, write_run
+
+from fleet.analysis import bootstrap, parity
+from fleet.analysis.noise_model import NoiseSpec
+from fleet.report import model
+from fleet.report.model import RunReport
+from fleet.results import prompt_stats, reader
+from fleet.results.store import RunStore
+
+FRAMES = ("parity", "first step", "divergences", "sequences")
+
+
+def both_paths(run: Path) -> tuple[model.Figures, model.Figures]:
+    info = reader.read_info(run)
+    scans = reader.load(run)
+    requests, spec = scans["requests"].collect(), NoiseSpec.from_info(info)
+    exact = model._from_tokens(requests, scans["tokens"], info.reference, spec)
+    return exact, model._from_stats(requests, scans["prompt_stats"], info.reference, spec)
+
+
+def assert_same_figures(run: Path) -> None:
+    exact, merged = both_paths(run)
+    for name, a, b in zip(FRAMES, exact, merged, strict=True):
+        assert a.height, name
+        assert_frame_equal(a, b, check_exact=False, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_engine_run_figures_from_prompt_stats_equal_token_figures(engine_run: Path) -> None:
+    """The real run (HF reference with its precision twin, vLLM fp32 and bf16 candidates, near ties)."""
+    assert reader.covers(engine_run, "prompt_stats", "tokens")  # the driver wrote them, one per shard
+    assert_same_figures(engine_run)
+    report = RunReport.build(engine_run)
+    assert set(report.parity["target"]) == {"vllm-fp32", "vllm-bf16"}
+    assert report.parity["tf_excess_ci_low"].is_not_null().all()
+
+
+def add_prompt_stats(run: Path) -> None:
+    """prompt_stats for each tokens file, as the writer makes them."""
+    store = RunStore(run)
+    for file in sorted((run / "tokens").glob("**/*.parquet")):
+        model_dir, _, target_dir, name = file.relative_to(run / "tokens").parts
+        prompt_set, chunk = name.removesuffix(".parquet").rsplit("-", 1)
+        shard = f"{model_dir.split('=')[1]}/{target_dir.split('=')[1]}/{prompt_set}/{chunk}"
+        store.write("prompt_stats", shard, prompt_stats.summarize(pq.read_table(file)))
+
+
+def test_a_run_without_prompt_stats_reports_from_token_rows(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "old", {"cand": DIVERGED, "cand2": SAME})
+    assert not reader.covers(run, "prompt_stats", "tokens")
+    before = RunReport.build(run)
+    add_prompt_stats(run)
+    assert reader.covers(run, "prompt_stats", "tokens")
+    after = RunReport.build(run)
+    assert_frame_equal(before.parity, after.parity, check_exact=False, rel_tol=1e-9)
+    assert_frame_equal(before.sequences, after.sequences)
+    assert_same_figures(run)
+
+
+def test_partial_prompt_stats_are_not_used(tmp_path: Path) -> None:
+    """A run resumed across versions has prompt_stats for some shards only: the token rows decide."""
+    run = write_run(tmp_path / "mixed", {"cand": DIVERGED})
+    add_prompt_stats(run)
+    next((run / "prompt_stats").glob("**/*.parquet")).unlink()
+    assert not reader.covers(run, "prompt_stats", "tokens")
+    assert RunReport.build(run).parity.height == 1
+
+
+def _prompts(rng: np.random.Generator, n: int, lengths: tuple[int, int]) -> tuple[np.ndarray, ...]:
+    sizes = rng.integers(*lengths, n)
+    scale = np.repeat(rng.lognormal(0, 0.5, n), sizes)  # prompts differ, as real ones do
+    cand, twin = np.abs(rng.normal(0, 0.05, sizes.sum())) * scale, np.abs(rng.normal(0, 0.045, sizes.sum())) * scale
+    return cand, twin, np.repeat(np.arange(n), sizes)
+
+
+def _old_interval(cand: list[np.ndarray], twin: list[np.ndarray], allowance: float) -> tuple[float, float]:
+    """The loop the noise model ran before: concatenate each resample, take its quantiles."""
+    rng, ratios = np.random.default_rng(0), []
+    for _ in range(1000):
+        pick = rng.integers(0, len(cand), len(cand))
+        c = np.quantile(np.concatenate([cand[i] for i in pick]), 0.99)
+        t = np.quantile(np.concatenate([twin[i] for i in pick]), 0.99)
+        ratios.append(c / (t * allowance))
+    low, high = np.quantile(ratios, [0.025, 0.975])
+    return float(low), float(high)
+
+
+def test_bootstrap_is_the_resample_loop_bit_for_bit() -> None:
+    cand, twin, prompt = _prompts(np.random.default_rng(1), 40, (1, 40))
+    cand[prompt == 3] = 0.0  # exact zeros, as identical float32 logprobs give
+    split = np.cumsum(np.bincount(prompt))[:-1]
+    old = _old_interval(np.split(cand, split), np.split(twin, split), 2.0)
+    new = bootstrap.interval(cand, twin, prompt, twin_p99=0.0, allowance=2.0, quantile=0.99, resamples=1000)
+    assert new == old
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_block_bootstrap_agrees_with_the_prompt_bootstrap(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past EXACT_MAX_VALUES: 1,000 blocks of prompts, log-binned; endpoints within 5 % of the width."""
+    cand, twin, prompt = _prompts(np.random.default_rng(seed), 2500, (10, 40))
+    kw = {"twin_p99": 0.0, "allowance": 1.0, "quantile": 0.99, "resamples": 1000}
+    monkeypatch.setattr(bootstrap, "EXACT_MAX_VALUES", len(cand))
+    exact = np.array(bootstrap.interval(cand, twin, prompt, **kw))
+    monkeypatch.setattr(bootstrap, "EXACT_MAX_VALUES", 0)
+    blocks = np.array(bootstrap.interval(cand, twin, prompt, **kw))
+    assert np.abs(blocks - exact).max() <= 0.05 * (exact[1] - exact[0]), (exact, blocks)
+
+
+def test_sequences_compare_lists_as_the_definition_says() -> None:
+    """Positions past the shorter output count as mismatches; a null output is an empty one."""
+    outputs = {"a": ([1, 2, 3], [1, 2, 4]), "b": ([1, 2], [1, 2, 3]), "c": ([], []), "d": (None, [5]), "e": ([7], [7])}
+    rows = [
+        {"model": "m", "target": target, "prompt_set": "s", "prompt_id": pid, "output_token_ids": ids}
+        for pid, pair in outputs.items()
+        for target, ids in zip(("ref", "cand"), pair, strict=True)
+    ]
+    frame = pl.DataFrame(rows, schema_overrides={"output_token_ids": pl.List(pl.Int32)})
+    seq = parity.sequences(frame, "ref").select("prompt_id", "exact_match", "tokens_matched", "first_divergence")
+    assert seq.rows() == [
+        ("a", False, 2, 2),
+        ("b", False, 2, 2),
+        ("c", True, 0, None),
+        ("d", False, 0, 0),
+        ("e", True, 1, None),
+    ]
