@@ -117,7 +117,7 @@ class RunReport:
             logits=probes.logits_summary(probes.logits_errors(t["logits"], ref)) if t["logits"].height else None,
             layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
             matrix=None,
-            consistency=_consistency(requests, tokens, noise_table, variants) if variants else None,
+            consistency=_consistency(requests, tokens, parity, variants) if variants else None,
             noise_floor=noise_floor.self_parity(requests, tokens, repeats) if repeats else None,
             verdicts=None,
             environment=_environment(info),
@@ -312,7 +312,7 @@ def _environment(info: RunInfo) -> pl.DataFrame:
 
 
 def _consistency(
-    requests: pl.DataFrame, tokens: pl.LazyFrame, noise: pl.DataFrame, variants: dict[str, dict[str, Any]]
+    requests: pl.DataFrame, tokens: pl.LazyFrame, parity: pl.DataFrame, variants: dict[str, dict[str, Any]]
 ) -> pl.DataFrame:
     """Greedy self-consistency between variants that differ in one setting, their partings
     judged by the parity's near-tie rule and noise model."""
@@ -321,7 +321,7 @@ def _consistency(
         {n: v["base"] for n, v in variants.items()},
         settings={n: v["settings"] for n, v in variants.items()},
         tokens=tokens,
-        noise=noise,
+        noise=parity.select("model", "target", "noise") if "noise" in parity.columns else None,
     )
 
 
