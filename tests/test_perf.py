@@ -243,3 +243,40 @@ def test_summary_matches_hand_computed_figures() -> None:
     assert row["queue_delay_max_s"] == pytest.approx(0.3)
     assert row["queue_delay_mean_s"] == pytest.approx((0.0 + 0.05 + 0.01 + 0.3) / 4)
     assert row["engine_ttft_mean_s"] == pytest.approx(0.2)
+    assert row["goodput_qps"] is None and row["slo_share"] is None  # no SLO set: no goodput, not 0
+
+
+def test_goodput_is_vllms_rule() -> None:
+    """Goodput against an SLO, the figures computed here as vLLM's `--goodput` does (vllm/benchmarks/
+    serve.py calculate_metrics): tpot = (e2e - ttft) / (n - 1), 0 for one token; a request is good
+    when every limit >= its value; good / duration."""
+    requests = pl.DataFrame(
+        [
+            _request(0, 0.2, [0.1, 0.1, 0.1, 0.1], 0.6),  # tpot 0.1: good
+            _request(1, 0.4, [0.1, 0.1, 0.1, 0.5], 1.2),  # tpot 0.2: misses tpot <= 0.15
+            _request(2, 0.3, [], 0.3),  # one token: tpot 0 in vLLM's rule; good
+            _request(3, 0.5, [0.1, 0.1], 0.7),  # ttft 0.5: misses ttft <= 0.45
+            _request(4, 0.0, [], 0.0, error="HTTPError: 500") | {"ttft_s": None, "e2e_s": None},  # failed: not good
+        ],
+        schema=pl.from_arrow(schema.PERF_REQUESTS.empty_table()).schema,  # type: ignore[union-attr]
+    )
+    levels = pl.DataFrame(
+        [{"model": "m", "model_weights": "w", "target": "t", "scenario": "s", "level": 2, "wall_s": 2.0}],
+    ).with_columns(request_rate=pl.lit(None, pl.Float64))
+    slo = {"ttft_s": 0.45, "tpot_s": 0.15, "e2e_s": 1.0}
+    [row] = fleet_perf.summary(requests, levels, {"s": slo}).to_dicts()
+
+    def vllm_good(r: dict[str, Any]) -> bool:  # the rule as vLLM's code states it, on the raw rows
+        n = r["n_output_tokens"]
+        tpot = (r["e2e_s"] - r["ttft_s"]) / (n - 1) if n > 1 else 0.0
+        return r["error"] is None and all(
+            lim >= v for lim, v in zip(slo.values(), (r["ttft_s"], tpot, r["e2e_s"]), strict=True)
+        )
+
+    good = [r for r in requests.to_dicts() if vllm_good(r)]
+    assert [r["request_index"] for r in good] == [0, 2]
+    assert row["goodput_qps"] == pytest.approx(len(good) / 2.0)
+    assert row["goodput_tok_s"] == pytest.approx(sum(r["n_output_tokens"] for r in good) / 2.0)
+    assert row["slo_share"] == pytest.approx(2 / 5)
+    [other] = fleet_perf.summary(requests, levels, {"another-scenario": slo}).to_dicts()
+    assert other["goodput_qps"] is None  # an SLO applies to its own scenario only

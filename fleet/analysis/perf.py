@@ -19,10 +19,21 @@ Definitions (failed requests, those with an `error`, count in n_errors and nowhe
   TTFT from scheduled, so it excludes engine queueing; see engine_queue_mean_s), for comparison
   with the client-side ones.
 
+* goodput, when the scenario sets an `slo`: a request is good when it completed and its ttft_s,
+  tpot_s and e2e_s are each at most the limits set (a one-token output's tpot counts as 0);
+  goodput_qps = good requests / wall_s, goodput_tok_s = their output tokens / wall_s, slo_share =
+  good / all requests (failed ones included). This is vLLM 0.32's `--goodput` as
+  vllm/benchmarks/serve.py `calculate_metrics` computes it: there tpot = (latency - ttft) /
+  (output_len - 1), 0 for one-token outputs, latency = send to last token, ttft = send to first,
+  a request good when every limit >= its value, request_goodput = good / benchmark duration; here
+  tpot = (last - first) / (n - 1), the same quantity from the same timestamps.
+
 A NaN among a figure's requests makes the figure null (fleet/analysis/missing.py), not the figure of the others.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import polars as pl
 
@@ -41,14 +52,23 @@ def _stats(column: str, name: str) -> list[pl.Expr]:
     ]
 
 
-def summary(requests: Frame, levels: Frame) -> pl.DataFrame:
-    """One row per (model, target, scenario, level): rates, latency statistics, queueing delay."""
+def summary(
+    requests: Frame, levels: Frame, slos: Mapping[str, Mapping[str, float | None]] | None = None
+) -> pl.DataFrame:
+    """One row per (model, target, scenario, level): rates, latency statistics, queueing delay;
+    goodput for the scenarios `slos` names (scenario -> {ttft_s, tpot_s, e2e_s} limits)."""
     done = pl.col("error").is_null()
-    reqs = requests.lazy()
+    reqs = requests.lazy().with_columns(_good=_good(slos or {}))
     completed = reqs.filter(done)
     counts = reqs.group_by(KEYS).agg(
         n_requests=pl.len(),
         n_errors=(~done).sum().cast(pl.Int64),
+        # Null, not 0, where the scenario sets no SLO: no goodput was asked for.
+        _n_good=pl.when(pl.col("_good").is_not_null().any()).then(pl.col("_good").sum().cast(pl.Int64)),
+        _good_tokens=pl.when(pl.col("_good").is_not_null().any()).then(
+            pl.when(pl.col("_good")).then(pl.col("n_output_tokens")).otherwise(0).sum().cast(pl.Int64)
+        ),
+        slo_share=pl.col("_good").mean(),
         queue_delay_mean_s=no_nan(pl.col("queue_delay_s"), pl.col("queue_delay_s").mean()),
         queue_delay_max_s=no_nan(pl.col("queue_delay_s"), pl.col("queue_delay_s").max()),
     )
@@ -77,13 +97,28 @@ def summary(requests: Frame, levels: Frame) -> pl.DataFrame:
             output_tok_s=per_s.then(pl.col("output_tokens") / pl.col("wall_s")),
             total_tok_s=per_s.then((pl.col("prompt_tokens") + pl.col("output_tokens")) / pl.col("wall_s")),
             prefill_tok_s=pl.when(pl.col("_ttft_sum") > 0).then(pl.col("prompt_tokens") / pl.col("_ttft_sum")),
+            goodput_qps=per_s.then(pl.col("_n_good") / pl.col("wall_s")),
+            goodput_tok_s=per_s.then(pl.col("_good_tokens") / pl.col("wall_s")),
         )
     )
     stats = [f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", *(f"p{q}" for q in QUANTILES))]
     columns = [
         *KEYS, "request_rate", "n_requests", "n_completed", "n_errors", "wall_s",
-        "qps", "output_tok_s", "total_tok_s", "prefill_tok_s",
+        "qps", "output_tok_s", "total_tok_s", "prefill_tok_s", "goodput_qps", "goodput_tok_s", "slo_share",
         *stats,
         "queue_delay_mean_s", "queue_delay_max_s", "engine_queue_mean_s", "engine_ttft_mean_s", "engine_tpot_mean_s",
     ]  # fmt: skip
     return out.select(columns).sort(KEYS).collect()
+
+
+def _good(slos: Mapping[str, Mapping[str, float | None]]) -> pl.Expr:
+    """Per request: whether it met its scenario's SLO (null where the scenario sets none)."""
+    good = pl.lit(None, dtype=pl.Boolean)
+    for scenario, limits in slos.items():
+        met = pl.col("error").is_null()
+        for name, limit in limits.items():
+            if limit is not None:
+                value = pl.col(name).fill_null(0.0) if name == "tpot_s" else pl.col(name)  # one token: tpot 0
+                met = met & (value <= limit).fill_null(False)
+        good = pl.when(pl.col("scenario") == scenario).then(met).otherwise(good)
+    return good

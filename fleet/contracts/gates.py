@@ -77,7 +77,7 @@ METRICS: dict[str, tuple[str, bool, str]] = {
 # a gate on them names both (`scenario`, `level`). Prefixed `perf_` so that `perf_output_tok_s`
 # (a perf level) and `output_tok_s` (parity shards) are never confused.
 PERF_COLUMNS = (
-    "qps", "output_tok_s", "total_tok_s", "prefill_tok_s", "n_errors",
+    "qps", "output_tok_s", "total_tok_s", "prefill_tok_s", "n_errors", "goodput_qps", "goodput_tok_s", "slo_share",
     *(f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", "p50", "p90", "p99")),
 )  # fmt: skip
 METRICS |= {f"perf_{c}": ("perf_requests", False, "") for c in PERF_COLUMNS}

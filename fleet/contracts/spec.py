@@ -125,6 +125,26 @@ def setting_label(value: Any) -> str:
 MAX_CONCURRENCY = 4096
 
 
+class Slo(Strict):
+    """Per-request service-level objectives; a request meets them when it completed and each set
+    limit holds (inclusive), as vLLM's `--goodput` judges (fleet/analysis/perf.py)."""
+
+    ttft_s: float | None = Field(None, gt=0, le=86400, description="Time to first token, seconds, at most.")
+    tpot_s: float | None = Field(
+        None,
+        gt=0,
+        le=86400,
+        description="Time per output token after the first, seconds, at most (one-token outputs: 0).",
+    )
+    e2e_s: float | None = Field(None, gt=0, le=86400, description="Send to last token, seconds, at most.")
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> Slo:
+        if self.ttft_s is None and self.tpot_s is None and self.e2e_s is None:
+            raise ValueError("set at least one of ttft_s, tpot_s and e2e_s")
+        return self
+
+
 class Scenario(Strict):
     """A load pattern run at each concurrency level: what is sent, how much comes back, how often."""
 
@@ -148,6 +168,7 @@ class Scenario(Strict):
     targets: list[str] | None = Field(
         None, min_length=1, description="Targets to run it on (default: every target whose kind can run perf)."
     )
+    slo: Slo | None = Field(None, description="Per-request limits: each level then reports goodput against them.")
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> Scenario:

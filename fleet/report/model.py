@@ -112,7 +112,9 @@ class RunReport:
             shown=_shown(first, sequences),
             accuracy=accuracy if accuracy.height else None,
             throughput=analysis.throughput(requests, t["shards"]),
-            scenarios=perf_summary(t["perf_requests"], t["perf_levels"]) if t["perf_levels"].height else None,
+            scenarios=perf_summary(t["perf_requests"], t["perf_levels"], _slos(info))
+            if t["perf_levels"].height
+            else None,
             smoke=t["smoke"] if t["smoke"].height else None,
             logits=probes.logits_summary(probes.logits_errors(t["logits"], ref)) if t["logits"].height else None,
             layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
@@ -191,6 +193,11 @@ class RunReport:
             doubles=gate_mod.test_doubles(self.info),
             incomplete=gate_mod.incomplete(self.info, self.tables["requests"]),
         )
+
+
+def _slos(info: RunInfo) -> dict[str, dict[str, float | None]]:
+    """Scenario -> its SLO limits, for the scenarios that set one."""
+    return {s["name"]: s["slo"] for s in info.perf if s.get("slo")}
 
 
 def _perf_metrics(scenarios: pl.DataFrame) -> pl.DataFrame:
