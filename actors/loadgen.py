@@ -166,8 +166,22 @@ async def _one(stream: Stream, ids: list[int], max_tokens: int, t: _Timing) -> N
             t.n_chunks += 1
 
 
+def _gap(rng: random.Random, rate: float, burstiness: float) -> float:
+    """The time to the next arrival: vLLM's --burstiness, a gamma of shape `burstiness` and scale
+    1 / (rate * burstiness) (mean 1 / rate); at 1, the exponential gap of a Poisson process, drawn
+    as before so that a seed keeps its schedule."""
+    return rng.expovariate(rate) if burstiness == 1 else rng.gammavariate(burstiness, 1 / (rate * burstiness))
+
+
 async def _schedule(
-    stream: Stream, prompts: list[list[int]], max_tokens: int, *, level: int, rate: float | None, seed: int
+    stream: Stream,
+    prompts: list[list[int]],
+    max_tokens: int,
+    *,
+    level: int,
+    rate: float | None,
+    seed: int,
+    burstiness: float = 1.0,
 ) -> tuple[float, float, list[_Timing]]:
     """Send `prompts` with at most `level` in flight: (start on perf_counter, on the wall clock, timings)."""
     start, started_at = _now(), time.time()
@@ -191,7 +205,7 @@ async def _schedule(
 
     for i, ids in enumerate(prompts):
         if rate is not None:
-            due += rng.expovariate(rate)
+            due += _gap(rng, rate, burstiness)
             await asyncio.sleep(max(0.0, due - _now()))
         freed = await free_at.get()
         t = _Timing(index=i, scheduled=due if rate is not None else freed, n_prompt=len(ids))
@@ -219,7 +233,13 @@ async def measure_level(
         msg = f"scenario {scenario.name!r} level {level}: warm-up request failed: {failed[0]}"
         raise RuntimeError(msg)
     start, started_at, timings = await _schedule(
-        stream, prompts, out, level=level, rate=scenario.request_rate, seed=scenario.seed
+        stream,
+        prompts,
+        out,
+        level=level,
+        rate=scenario.request_rate,
+        seed=scenario.seed,
+        burstiness=scenario.burstiness,
     )
     wall = max((t.ended or start for t in timings), default=start) - start
     keys = {"model": model, "model_weights": model_weights, "target": target, "scenario": scenario.name, "level": level}

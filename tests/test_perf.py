@@ -176,6 +176,26 @@ def test_open_loop_follows_seeded_poisson_arrivals_and_shows_backlog() -> None:
     assert delays == sorted(delays) and delays[-1] > 0.08
 
 
+def test_burstiness_draws_vllms_gamma_gaps() -> None:
+    """Gaps of shape b and scale 1 / (rate * b), as vLLM's --burstiness: mean 1 / rate, coefficient
+    of variation 1 / sqrt(b); the run's schedule is exactly the seeded draws."""
+    rng = random.Random(3)
+    gaps = [perf._gap(rng, 50.0, 0.25) for _ in range(20_000)]
+    mean = sum(gaps) / len(gaps)
+    cv = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+    assert mean == pytest.approx(1 / 50.0, rel=0.05) and cv == pytest.approx(2.0, rel=0.05)
+
+    async def fast(ids: list[int], max_tokens: int) -> AsyncGenerator[Chunk, None]:
+        yield Chunk(max_tokens)
+
+    rows = run(fast, scenario(request_rate=1000.0, seed=7, burstiness=4.0), 2, n=5).requests.to_pylist()
+    rng, due, expected = random.Random(7), 0.0, []
+    for _ in range(5):
+        due += rng.gammavariate(4.0, 1 / (1000.0 * 4.0))
+        expected.append(due)
+    assert [r["scheduled_s"] for r in rows] == pytest.approx(expected)
+
+
 def test_failed_requests_are_rows_and_failed_warmup_stops_the_level() -> None:
     async def flaky(ids: list[int], max_tokens: int) -> AsyncGenerator[Chunk, None]:
         yield Chunk(1)

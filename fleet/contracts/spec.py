@@ -164,6 +164,13 @@ class Scenario(Strict):
     request_rate: float | None = Field(
         None, gt=0, le=MAX_COUNT, description="Poisson arrivals per second, capped by the level; unset: closed loop."
     )
+    burstiness: float = Field(
+        1.0,
+        gt=0,
+        le=1000,
+        description="With request_rate: gamma-distributed gaps of this shape, mean 1/request_rate (vLLM's "
+        "--burstiness): 1 is Poisson, below 1 burstier, above 1 more even.",
+    )
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed for synthetic prompts and arrival times.")
     targets: list[str] | None = Field(
         None, min_length=1, description="Targets to run it on (default: every target whose kind can run perf)."

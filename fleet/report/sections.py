@@ -193,11 +193,19 @@ def conditions(info: RunInfo) -> list[str]:
     out = [
         f"{s['name']}: {s['num_requests']} requests per level at concurrency {s['concurrency']}, "
         + (f"{s['input_tokens']} input tokens" if s.get("input_tokens") else f"prompts of set {s['prompt_set']}")
-        + f", {s['output_tokens']} output tokens (ignore_eos), warm-up {s['warmup_requests']}"
+        + f", {s['output_tokens']} output tokens (ignore_eos), warm-up {s['warmup_requests']}, "
+        + _arrivals(s)
         for s in info.perf
     ]
     dummies = [t["name"] for t in info.targets if (t.get("engine_args") or {}).get("load_format") == "dummy"]
     return out + ([f"dummy-weight targets (load_format: dummy): {', '.join(dummies)}"] if dummies else [])
+
+
+def _arrivals(scenario: dict[str, Any]) -> str:
+    rate, shape = scenario.get("request_rate"), scenario.get("burstiness", 1.0)
+    if rate is None:
+        return "closed loop"
+    return f"arrivals at {rate:g}/s, " + ("Poisson" if shape == 1 else f"gamma gaps of burstiness {shape:g}")
 
 
 def _g(value: float | None, *, scale: float = 1.0) -> str:
