@@ -173,6 +173,19 @@ def _gap(rng: random.Random, rate: float, burstiness: float) -> float:
     return rng.expovariate(rate) if burstiness == 1 else rng.gammavariate(burstiness, 1 / (rate * burstiness))
 
 
+def arrivals(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """Seconds from a level's start at which each of `n` requests is due: seeded gaps (`_gap`),
+    summed, then scaled so the last is due at n / rate, as vLLM's serving benchmark does
+    (vllm/benchmarks/serve.py `get_request`): every seed then offers the same mean rate, so
+    throughput figures compare across seeds and with `vllm bench serve`."""
+    rng, total, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        total += _gap(rng, rate, burstiness)
+        out.append(total)
+    scale = (n / rate) / total if total > 0 else 1.0
+    return [t * scale for t in out]
+
+
 async def _schedule(
     stream: Stream,
     prompts: list[list[int]],
@@ -185,14 +198,13 @@ async def _schedule(
 ) -> tuple[float, float, list[_Timing]]:
     """Send `prompts` with at most `level` in flight: (start on perf_counter, on the wall clock, timings)."""
     start, started_at = _now(), time.time()
-    rng = random.Random(seed)
     # Every slot remembers when it became free: in a closed loop that is when the next request is due.
     free_at: asyncio.Queue[float] = asyncio.Queue()
     for _ in range(level):
         free_at.put_nowait(start)
     timings: list[_Timing] = []
     tasks: list[asyncio.Task[None]] = []
-    due = start
+    offsets = arrivals(len(prompts), rate, burstiness, seed) if rate is not None else []
 
     async def run(ids: list[int], t: _Timing) -> None:
         try:
@@ -204,8 +216,8 @@ async def _schedule(
             free_at.put_nowait(t.ended)
 
     for i, ids in enumerate(prompts):
+        due = start + offsets[i] if rate is not None else start
         if rate is not None:
-            due += _gap(rng, rate, burstiness)
             await asyncio.sleep(max(0.0, due - _now()))
         freed = await free_at.get()
         t = _Timing(index=i, scheduled=due if rate is not None else freed, n_prompt=len(ids))

@@ -166,10 +166,12 @@ def test_open_loop_follows_seeded_poisson_arrivals_and_shows_backlog() -> None:
 
     sc = scenario(request_rate=1000.0, seed=7)
     rows = run(slow, sc, 1, n=6).requests.to_pylist()
-    rng, due, expected = random.Random(7), 0.0, []
+    rng, due, drawn = random.Random(7), 0.0, []
     for _ in range(6):
         due += rng.expovariate(1000.0)
-        expected.append(due)
+        drawn.append(due)
+    # The seeded draws, scaled so the last is due at n / rate (vLLM's serving benchmark does the same).
+    expected = [d * (6 / 1000.0) / drawn[-1] for d in drawn]
     assert [r["scheduled_s"] for r in rows] == pytest.approx(expected)
     # One slot, ~1 ms between arrivals, 20 ms per request: each waits longer than the one before.
     delays = [r["queue_delay_s"] for r in rows]
@@ -189,11 +191,11 @@ def test_burstiness_draws_vllms_gamma_gaps() -> None:
         yield Chunk(max_tokens)
 
     rows = run(fast, scenario(request_rate=1000.0, seed=7, burstiness=4.0), 2, n=5).requests.to_pylist()
-    rng, due, expected = random.Random(7), 0.0, []
+    rng, due, drawn = random.Random(7), 0.0, []
     for _ in range(5):
         due += rng.gammavariate(4.0, 1 / (1000.0 * 4.0))
-        expected.append(due)
-    assert [r["scheduled_s"] for r in rows] == pytest.approx(expected)
+        drawn.append(due)
+    assert [r["scheduled_s"] for r in rows] == pytest.approx([d * (5 / 1000.0) / drawn[-1] for d in drawn])
 
 
 def test_failed_requests_are_rows_and_failed_warmup_stops_the_level() -> None:
