@@ -114,6 +114,9 @@ SURFACE: tuple[Item, ...] = (
         Item("member", f"vllm.logprobs.FlatLogprobs.{m}")
         for m in ("start_indices", "end_indices", "token_ids", "logprobs")
     ),
+    # benchmarks/vs_vllm_bench.py: vLLM's own serving benchmark, run in-process beside fleet's perf level
+    Item("name", "vllm.benchmarks.serve.add_cli_args"),
+    Item("name", "vllm.benchmarks.serve.main"),
     # actors/vllm_server.py: the OpenAI server's command line and environment
     Item("script", "vllm.entrypoints.openai.api_server"),
     *(

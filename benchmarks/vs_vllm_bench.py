@@ -82,10 +82,11 @@ def main() -> None:
 
 def _vllm_bench(engine: Any, model_dir: Path, n: int, level: int, rate: float | None, shape: float) -> dict[str, Any]:
     """One `vllm bench serve` run against `engine`'s server; its saved result JSON."""
-    import vllm.benchmarks.serve as bench
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
 
     parser = argparse.ArgumentParser()
-    bench.add_cli_args(parser)
+    add_cli_args(parser)
     out = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
     root = engine.http.base_url.removesuffix("/v1")
     argv = ["--backend", "vllm", "--base-url", root, "--endpoint", "/v1/completions"]
@@ -96,7 +97,7 @@ def _vllm_bench(engine: Any, model_dir: Path, n: int, level: int, rate: float | 
     argv += ["--goodput", f"ttft:{SLO['ttft_s'] * 1000:g}", f"tpot:{SLO['tpot_s'] * 1000:g}"]
     argv += ["--save-result", "--result-dir", str(out), "--result-filename", "r.json", "--num-warmups", "2"]
     os.environ["OPENAI_API_KEY"] = engine.http._key  # vLLM's client sends it as the bearer token
-    bench.main(parser.parse_args(argv))
+    bench_main(parser.parse_args(argv))
     result: dict[str, Any] = json.loads((out / "r.json").read_text())
     return result
 
