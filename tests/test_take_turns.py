@@ -8,6 +8,7 @@ second); the kill test runs the real thing: `fleet run` on the session's Ray, SI
 a candidate's generation and the reference's scoring, then resumed.
 """
 
+# ruff: noqa: F811  (the tests take test_scheduler's `cluster` fixture, imported below, as a parameter)
 from __future__ import annotations
 
 import json
@@ -24,7 +25,17 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from test_faults import assert_exactly_once, assert_no_actors_left, write_manifest
-from test_scheduler import MANIFEST, MODELS, SHARDS_PER_TARGET, Cluster, DriverKilled, _row, fake_ray, run, tables
+from test_scheduler import (  # noqa: F401  (cluster: the fake-Ray fixture, one definition)
+    MANIFEST,
+    MODELS,
+    SHARDS_PER_TARGET,
+    Cluster,
+    DriverKilled,
+    _row,
+    cluster,
+    run,
+    tables,
+)
 
 from fleet.analysis import query
 from fleet.contracts.engine import Generation
@@ -37,14 +48,6 @@ from fleet.run.placement import check_fits, reservation, takes_turns
 # vl holds 5.5 of the fake cluster's 6 CPUs: it cannot run beside the reference's 1.
 APART = MANIFEST.replace("{name: vl, kind: vllm}", "{name: vl, kind: vllm, num_cpus: 5.5}")
 CANDIDATES = ("vl", "ep")
-
-
-@pytest.fixture
-def cluster(monkeypatch: pytest.MonkeyPatch) -> Cluster:
-    cluster = Cluster()
-    for name, module in fake_ray(cluster).items():
-        monkeypatch.setitem(sys.modules, name, module)
-    return cluster
 
 
 def up_together(cluster: Cluster) -> set[tuple[str, ...]]:
