@@ -8,7 +8,7 @@ is written as one Parquet file per table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fleet.contracts.prompt_source import FileSlice, PromptFile, chunks
@@ -18,6 +18,7 @@ from fleet.run.manifest import Manifest
 if TYPE_CHECKING:
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.spec import Scenario
+    from fleet.run.drill import DrillCall
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,10 @@ class ModelPlan:
     shards: list[Shard]
     perf: list[PerfLevel]
     probes: list[ProbeCall]
+    drills: list[DrillCall] = field(default_factory=list)  # the drill-down's, once parity is stored
 
     def __bool__(self) -> bool:
-        return bool(self.shards or self.perf or self.probes)
+        return bool(self.shards or self.perf or self.probes or self.drills)
 
     def remaining(self, shards_done: set[str], perf_done: set[str], probes_done: set[str]) -> ModelPlan:
         """This plan without what a killed run already stored (by id): what `--resume` still does."""
