@@ -41,12 +41,12 @@ MANIFEST = textwrap.dedent(
         kind: hf
         dtype: float32
         num_cpus: 0.5
-        weight_noise: {seed: 1, relative: 0.5, tensors: "model.layers.2.self_attn.*"}
+        weight_noise: {seed: 1, relative: 0.1, tensors: "model.layers.2.self_attn.*"}
       - name: broken-mlp
         kind: hf
         dtype: float32
         num_cpus: 0.5
-        weight_noise: {seed: 2, relative: 0.5, tensors: "model.layers.0.mlp.*"}
+        weight_noise: {seed: 2, relative: 0.1, tensors: "model.layers.0.mlp.*"}
     reference: hf-fp32
     sampling: {max_tokens: 12, logprobs: 5}
     drilldown: {max_prompts: 2}
@@ -81,6 +81,15 @@ def test_drilldown_names_the_broken_layer_and_part(drill_run: Path) -> None:
     line = own.filter(pl.col("diverging") == "broken-attn")["finding"][0]
     assert "the error first exceeds precision at layer 3 (attention output)" in line
     # Before the broken part the candidate is bit-identical to the reference: error 0, within the twin's.
+    # The probe ran at the divergence's prefix: the prompt + the output both share, up to `step`.
+    requests = reader.load(drill_run)["requests"].filter(pl.col("target") == "hf-fp32").collect()
+    ref_out = {r["prompt_id"]: r["prompt_token_ids"] + r["output_token_ids"] for r in requests.iter_rows(named=True)}
+    probed = table.filter((pl.col("target") == "hf-fp32") & (pl.col("layer") == 0)).unique(["prompt_id", "step"])
+    for r in probed.iter_rows(named=True):
+        n_prompt = len(requests.filter(pl.col("prompt_id") == r["prompt_id"])["prompt_token_ids"][0])
+        assert r["prompt_token_ids"] == ref_out[r["prompt_id"]][: n_prompt + r["step"]]
+        assert r["positions"] == [n_prompt + r["step"] - 1]  # the position that picks the divergent token
+    assert probed["step"].max() > 0  # a prefix that holds output tokens, not the prompt alone
     attn = curve.filter((pl.col("target") == "broken-attn") & (pl.col("diverging") == "broken-attn"))
     assert (attn.filter(pl.col("layer") < 3)["rel_l2"] == 0).all()
     assert (attn.filter(pl.col("exceeds"))["layer"] >= 3).all()
