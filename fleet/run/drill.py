@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from fleet.contracts import schema
 from fleet.contracts.engine import Prefix
 from fleet.contracts.spec import DrillPoint
-from fleet.run.plan import ModelPlan
+from fleet.run.plan import DrillCall, ModelPlan
 from fleet.run.work import Effects, Work, Write
 
 if TYPE_CHECKING:
@@ -32,22 +32,6 @@ if TYPE_CHECKING:
 
 # (run_dir, model) -> the model's real divergences, read from the rows stored so far.
 DrillPoints = Callable[[str | Path, str], list[DrillPoint]]
-
-
-@dataclass(frozen=True)
-class DrillCall:
-    """The layer probe on one target at every point of one model; `twin` (a dtype): on the
-    reference's precision twin at that dtype instead of its own model."""
-
-    model: str
-    target: str
-    twin: str | None
-    points: tuple[DrillPoint, ...]
-
-    @property
-    def key(self) -> str:
-        """Its id in run.json's failed_shards and in the store."""
-        return f"{self.model}/{self.target}/drilldown/{self.twin or 'own'}"
 
 
 def drill_plans(manifest: Manifest, points: dict[str, list[DrillPoint]]) -> list[ModelPlan]:

@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fleet.contracts.prompt_source import FileSlice, PromptFile, chunks
-from fleet.contracts.spec import PROBE_KINDS, ProbeKind, Shard
+from fleet.contracts.spec import PROBE_KINDS, DrillPoint, ProbeKind, Shard
 from fleet.run.manifest import Manifest
 
 if TYPE_CHECKING:
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.spec import Scenario
-    from fleet.run.drill import DrillCall
 
 
 @dataclass(frozen=True)
@@ -129,3 +128,19 @@ def plan_probes(manifest: Manifest) -> list[ProbeCall]:
         for kind in PROBE_KINDS
         for target in manifest.probed(kind)
     ]
+
+
+@dataclass(frozen=True)
+class DrillCall:
+    """The layer probe on one target at every point of one model; `twin` (a dtype): on the
+    reference's precision twin at that dtype instead of its own model."""
+
+    model: str
+    target: str
+    twin: str | None
+    points: tuple[DrillPoint, ...]
+
+    @property
+    def key(self) -> str:
+        """Its id in run.json's failed_shards and in the store."""
+        return f"{self.model}/{self.target}/drilldown/{self.twin or 'own'}"
