@@ -155,3 +155,18 @@ def test_the_msprobe_config_is_what_msprobes_own_loader_accepts(tmp_path: Path) 
     path.write_text(json.dumps(config | {"level": "L7"}))
     with pytest.raises(MsprobeException):
         parse_json_config(str(path), None)
+
+
+def test_without_an_hf_candidate_the_report_says_what_to_add() -> None:
+    from types import SimpleNamespace
+
+    from fleet.report.sections import SECTIONS  # registers them
+    from fleet.results.info import RunInfo
+
+    ref = _states(None, 0.0, 0)
+    rows = _rows("ref", None, ref) + _rows("ref", "bfloat16", _states(None, 1e-3, 1))
+    frame = pl.DataFrame(rows, schema_overrides={"twin_dtype": pl.String, "step": pl.Int32, "layer": pl.Int32})
+    spec = SECTIONS["drilldown"]
+    report = SimpleNamespace(tables={"drilldown": frame}, info=RunInfo.of({"reference": "ref"}))
+    [line] = spec.build(report, spec)  # type: ignore[arg-type]
+    assert "Real divergences of cand were probed on the reference and its precision twin only" in str(line)

@@ -90,9 +90,17 @@ DRILL_CURVE |= {"kind": "part", "rel_l2": "rel L2", "twin_rel_l2": "twin rel L2"
 def _drilldown(r: RunReport, spec: SectionSpec) -> list[Block]:
     """Per real divergence, the first layer (and part of it) whose error vs the reference exceeds the
     precision twin's by the margin, and the error-growth curve it was read from."""
-    curve, first = drilldown.view(r.tables.get("drilldown"), r.info)
+    table = r.tables.get("drilldown")
+    curve, first = drilldown.view(table, r.info)
     if first.is_empty():
-        return []
+        if table is None or table.is_empty():
+            return []
+        diverging = ", ".join(sorted(set(table["diverging"])))
+        return [
+            f"Real divergences of {diverging} were probed on the reference and its precision twin only: no hf "
+            "candidate gives hidden states to compare. Add an hf target of the candidate's dtype on its device "
+            "(HF on the same card) to find the layer (docs/metrics.md#drill-down)."
+        ]
     note = (
         f"Layer probe at each real divergence's prefix (prompt + shared output), last position; a part is past "
         f"precision when its rel L2 vs the reference exceeds {drilldown.margin(r.info):g} x the precision twin's "
