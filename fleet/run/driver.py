@@ -311,6 +311,8 @@ def _drill(
     if not plans:
         return outcome
     with Progress(Counter(), enabled=progress) as bar:
+        found = ", ".join(f"{model} {len(p)}" for model, p in points.items() if p)
+        bar.write(f"drill-down: layer probes at the real divergences ({found})")
         more = execute(manifest, plans, store, bar, cluster=cluster)
     merged = Outcome(
         provenance=outcome.provenance,
