@@ -299,7 +299,7 @@ def _drill(
     progress: bool,
 ) -> Outcome:
     """The drill-down, after every model's parity rows are stored: layer probes at each real
-    divergence (fleet/run/drill.py); what fails is added to run.json's failures."""
+    divergence (fleet/run/drill.py); what fails is added to run.json's failed_shards."""
     if manifest.drilldown is None:
         return outcome
     if drilldown_of is None:
@@ -314,17 +314,19 @@ def _drill(
         found = ", ".join(f"{model} {len(p)}" for model, p in points.items() if p)
         bar.write(f"drill-down: layer probes at the real divergences ({found})")
         more = execute(manifest, plans, store, bar, cluster=cluster)
+    # A target whose drill-down actor failed is recorded as that work failing, not the target: its
+    # parity rows stand, and its gates read those.
+    lost = more.failed_shards | {f"{key}/drilldown": why for key, why in more.failures.items()}
     merged = Outcome(
         provenance=outcome.provenance,
-        failures=outcome.failures | {f"{key} (drilldown)": why for key, why in more.failures.items()},
-        failed_shards=outcome.failed_shards | more.failed_shards,
+        failures=outcome.failures,
+        failed_shards=outcome.failed_shards | lost,
         retries=outcome.retries + more.retries,
         timeline=outcome.timeline,
     )
     recorded = store.info()  # on a resume, its retries count those of the runs before
     store.update_info(
-        failures=recorded.get("failures", {}) | merged.failures,
-        failed_shards=recorded.get("failed_shards", {}) | merged.failed_shards,
+        failed_shards=recorded.get("failed_shards", {}) | lost,
         retries=int(recorded.get("retries", 0)) + more.retries,
     )
     return merged
