@@ -15,9 +15,11 @@ from actors import engine_class
 from fleet.contracts.engine import ProbesLayers, ProbesLogits, ResolvedModel, RunsPerf, Smokes
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import pyarrow as pa
 
-    from fleet.contracts.engine import Generation, PerfResult, Positions
+    from fleet.contracts.engine import Generation, PerfResult, Positions, Prefix
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.spec import ModelSpec, Sampling, Scenario, Shard
     from fleet.contracts.targets import Capability, TargetArgs
@@ -83,9 +85,17 @@ class TargetActor:
             prompts, prompt_set=prompt_set, positions=positions
         )
 
-    def probe_layers(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions) -> pa.Table:
+    def probe_layers(
+        self,
+        prompts: Sequence[Prompt | Prefix],
+        *,
+        prompt_set: str,
+        positions: Positions,
+        sublayers: bool = False,
+        twin: str | None = None,
+    ) -> pa.Table:
         return self._capable("probe_layers", ProbesLayers).probe_layers(
-            prompts, prompt_set=prompt_set, positions=positions
+            prompts, prompt_set=prompt_set, positions=positions, sublayers=sublayers, twin=twin
         )
 
     def smoke(self) -> pa.Table:

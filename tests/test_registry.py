@@ -145,7 +145,9 @@ class _Everything:
     def probe_logits(self, prompts: Any, *, prompt_set: str, positions: Any) -> str:
         return "probe_logits"
 
-    def probe_layers(self, prompts: Any, *, prompt_set: str, positions: Any) -> str:
+    def probe_layers(
+        self, prompts: Any, *, prompt_set: str, positions: Any, sublayers: bool = False, twin: Any = None
+    ) -> str:
         return "probe_layers"
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import pyarrow as pa
 
     from fleet.contracts.prompts import Prompt
@@ -21,6 +23,15 @@ if TYPE_CHECKING:
     from fleet.contracts.targets import Capability, TargetArgs
 
 Positions = Literal["last", "all"]
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A token sequence to probe as it is, not rendered from a prompt: the drill-down's prompt plus
+    the output the candidate and the reference share up to their divergence (fleet/run/drill.py)."""
+
+    id: str
+    token_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -147,9 +158,19 @@ class ProbesLogits(Protocol):
 
 @runtime_checkable
 class ProbesLayers(Protocol):
-    """Capability "probe_layers": hidden states after every layer, as schema.PROBE_LAYERS rows."""
+    """Capability "probe_layers": hidden states after every layer, as schema.PROBE_LAYERS rows;
+    `sublayers` adds each decoder layer's attention and MLP outputs, `twin` (a dtype) probes the
+    precision twin at that dtype instead of the engine's own model."""
 
-    def probe_layers(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions) -> pa.Table: ...
+    def probe_layers(
+        self,
+        prompts: Sequence[Prompt | Prefix],
+        *,
+        prompt_set: str,
+        positions: Positions,
+        sublayers: bool = False,
+        twin: str | None = None,
+    ) -> pa.Table: ...
 
 
 CAPABILITY_PROTOCOLS: dict[Capability, type] = {

@@ -149,8 +149,8 @@ TABLES: dict[str, pa.Schema] = {
 
 
 def all_tables() -> dict[str, pa.Schema]:
-    """Every table a run directory may hold: parity (TABLES), perf, and probe tables."""
-    return TABLES | PERF_TABLES | globals().get("PROBE_TABLES", {})
+    """Every table a run directory may hold: parity (TABLES), perf, probe and drill-down tables."""
+    return TABLES | PERF_TABLES | globals().get("PROBE_TABLES", {}) | globals().get("DRILLDOWN_TABLES", {})
 
 
 # The pages `make docs` keeps in sync with the code: the tables' columns (between <!-- schema:NAME -->
@@ -386,7 +386,13 @@ PROBE_LAYERS = _schema(
             nullable=False,
             metadata={"doc": "0 = embeddings, i = output of decoder layer i (1-based), L + 1 = after the final norm"},
         ),
-        pa.field("kind", pa.string(), metadata={"doc": "'embed', 'decoder' or 'norm'"}),
+        pa.field(
+            "kind",
+            pa.string(),
+            metadata={
+                "doc": "'embed', 'decoder' or 'norm'; drill-down: also 'attention' and 'mlp', layer i's sub-layers"
+            },
+        ),
         pa.field("n_positions", pa.int32(), metadata={"doc": "prompt positions stored (rows of `hidden`)"}),
         pa.field("hidden_size", pa.int32(), metadata={"doc": "model width (columns of `hidden`)"}),
         pa.field("positions", pa.list_(pa.int32()), metadata={"doc": "which prompt positions, in row order"}),
@@ -400,6 +406,36 @@ PROBE_LAYERS = _schema(
 )
 
 PROBE_TABLES: dict[str, pa.Schema] = {"logits": PROBE_LOGITS, "layers": PROBE_LAYERS}
+
+# The drill-down (`drilldown: true`): the layer probe's rows at each real divergence's prefix, with
+# the divergence they reproduce; analysis in fleet/analysis/drilldown.py.
+DRILLDOWN = _schema(
+    "drilldown",
+    [
+        *_KEYS,
+        pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+        pa.field(
+            "diverging", pa.string(), nullable=False, metadata={"doc": "the candidate whose divergence this reproduces"}
+        ),
+        pa.field(
+            "step",
+            pa.int32(),
+            nullable=False,
+            metadata={"doc": "its first divergent output position: the prefix is the prompt + `step` shared tokens"},
+        ),
+        pa.field(
+            "twin_dtype",
+            pa.string(),
+            metadata={"doc": "the precision twin's dtype when these are the twin's states (target: the reference)"},
+        ),
+        *(
+            f
+            for f in PROBE_LAYERS
+            if f.name not in {"run_id", "model", "model_weights", "target", "prompt_set", "prompt_id"}
+        ),
+    ],
+)
+DRILLDOWN_TABLES: dict[str, pa.Schema] = {"drilldown": DRILLDOWN}
 
 
 if __name__ == "__main__":

@@ -94,6 +94,40 @@ class Probes(Strict):
     layers: Probe | None = Field(None, description="Hidden states after every layer (hf targets, hf reference).")
 
 
+class Drilldown(Strict):
+    """Layer probes at every real divergence (fleet/run/drill.py, fleet/analysis/drilldown.py): where,
+    in depth, a candidate's error first exceeds what its precision explains."""
+
+    margin: float = Field(
+        2.0,
+        ge=1,
+        le=1e6,
+        description="A layer (or sub-layer) exceeds precision when its relative L2 error vs the reference is "
+        "above margin x the precision twin's at that layer (and above 1e-6, float32's own floor).",
+    )
+    max_prompts: int = Field(
+        8, ge=1, le=1000, description="Real divergences probed per model x candidate, earliest in the output first."
+    )
+    targets: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="hf candidates probed beside the reference and its twin (default: all): each at its own "
+        "divergences, and at those of targets that give no hidden states (vLLM), as HF on the same card.",
+    )
+
+
+@dataclass(frozen=True)
+class DrillPoint:
+    """One real divergence to drill into: candidate `diverging` left the reference's greedy path on
+    this prompt at output position `step`; `token_ids` is the prompt + the `step` output tokens both share."""
+
+    diverging: str
+    prompt_set: str
+    prompt_id: str
+    step: int
+    token_ids: tuple[int, ...]
+
+
 # The seed adaptation reports whose shape `fleet report` can print (fleet/report/layouts/NAME.yaml lays each out).
 ReportLayout = Literal["001-llama-3.2-3b", "002-qwen2.5-0.5b", "003-qwen-7b", "004-openelm-3b"]
 REPORT_LAYOUTS: tuple[ReportLayout, ...] = ("001-llama-3.2-3b", "002-qwen2.5-0.5b", "003-qwen-7b", "004-openelm-3b")

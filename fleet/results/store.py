@@ -195,6 +195,13 @@ class RunStore:
     def update_info(self, **changes: Any) -> None:
         self.write_info(self.info() | changes)
 
+    def write_text(self, name: str, text: str) -> None:
+        """A file of the run that is not a table (the drill-down's msprobe configurations), at the
+        relative path `name` ("/"-separated), written whole or not at all."""
+        path = "/".join([self.root, *name.split("/")])
+        inside(self.root, path, what=name[:200], local=self.local)
+        put(self.fs, path, text.encode())
+
     def _temp(self, path: str) -> str:
         """A hidden name beside local `path` (its directory created) that readers skip."""
         directory, name = path.rsplit("/", 1)

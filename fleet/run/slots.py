@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fleet.run.drill import Drill
 from fleet.run.placement import add, fits, footprint, reserve
 from fleet.run.work import Describe, Generate, Perf, Probe, Score, ScoreStaged, Smoke, Work
 
@@ -127,6 +128,8 @@ class AdmittedModel:
                 self.slots[shard.target].queue.append(Generate(shard))
         for probe in plan.probes:
             self.slots[probe.target].queue.append(Probe(probe))
+        for call in plan.drills:
+            self.slots[call.target].queue.append(Drill(call))
         for level in plan.perf:
             self.slots[level.target].perf_todo.append(Perf(level))
         # Targets with nothing to do (all done, e.g. on resume) never start; smoke checks are work
