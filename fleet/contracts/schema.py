@@ -34,11 +34,12 @@ _TOPK = pa.list_(pa.int32())
 _TOPK_LP = pa.list_(pa.float32())
 
 
-def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
+def table_schema(name: str, fields: list[pa.Field]) -> pa.Schema:
+    """A stored table's schema: its fields, tagged with its name and SCHEMA_VERSION."""
     return pa.schema(fields, metadata={"fleet.table": name, "fleet.schema_version": str(SCHEMA_VERSION)})
 
 
-REQUESTS = _schema(
+REQUESTS = table_schema(
     "requests",
     [
         *_KEYS,
@@ -60,7 +61,7 @@ REQUESTS = _schema(
     ],
 )
 
-TOKENS = _schema(
+TOKENS = table_schema(
     "tokens",
     [
         *_KEYS,
@@ -86,7 +87,7 @@ TOKENS = _schema(
     ],
 )
 
-SHARDS = _schema(
+SHARDS = table_schema(
     "shards",
     [
         *_KEYS,
@@ -103,7 +104,7 @@ SHARDS = _schema(
 # token columns the report's per-prompt comparisons read, as lists indexed by position, and the sums
 # its per-candidate figures merge. The report reads these instead of joining token rows.
 _LP_LIST = pa.list_(pa.float32())
-PROMPT_STATS = _schema(
+PROMPT_STATS = table_schema(
     "prompt_stats",
     [
         *_KEYS,
@@ -135,7 +136,7 @@ PROMPT_STATS = _schema(
 # Columns the reference fills in by teacher-forced scoring of a candidate's tokens.
 SCORE_COLUMNS = ["ref_logprob", "ref_rank", "ref_topk_ids", "ref_topk_logprobs", "twin_logprob"]
 # What score() returns: the join keys plus SCORE_COLUMNS.
-SCORES = _schema(
+SCORES = table_schema(
     "scores",
     [TOKENS.field("prompt_id"), TOKENS.field("position"), *(TOKENS.field(c) for c in SCORE_COLUMNS)],
 )
@@ -149,8 +150,10 @@ TABLES: dict[str, pa.Schema] = {
 
 
 def all_tables() -> dict[str, pa.Schema]:
-    """Every table a run directory may hold: parity (TABLES), perf, and probe tables."""
-    return TABLES | PERF_TABLES | globals().get("PROBE_TABLES", {})
+    """Every table a run directory may hold: parity (TABLES), perf, parity under load and probe tables."""
+    from fleet.contracts.load_tables import LOAD_TABLES  # it builds on this module's schemas
+
+    return TABLES | PERF_TABLES | LOAD_TABLES | globals().get("PROBE_TABLES", {})
 
 
 # The pages `make docs` keeps in sync with the code: the tables' columns (between <!-- schema:NAME -->
@@ -244,7 +247,7 @@ _PERF_KEYS = [
     pa.field("level", pa.int32(), nullable=False, metadata={"doc": "concurrency: requests in flight at most"}),
 ]
 
-PERF_REQUESTS = _schema(
+PERF_REQUESTS = table_schema(
     "perf_requests",
     [
         *_PERF_KEYS,
@@ -266,7 +269,7 @@ PERF_REQUESTS = _schema(
     ],
 )
 
-PERF_LEVELS = _schema(
+PERF_LEVELS = table_schema(
     "perf_levels",
     [
         *_PERF_KEYS,
@@ -279,7 +282,7 @@ PERF_LEVELS = _schema(
     ],
 )
 
-SMOKE = _schema(
+SMOKE = table_schema(
     "smoke",
     [
         *(f for f in _KEYS if f.name != "prompt_set"),
@@ -300,7 +303,7 @@ SMOKE = _schema(
 # The per-level figures fleet/analysis/perf.py computes from the two tables above. Not stored:
 # computed when read (`fleet query RUN "SELECT * FROM perf"`, the reports), so it always covers
 # every stored level, resumed runs included.
-PERF_SUMMARY = _schema(
+PERF_SUMMARY = table_schema(
     "perf",
     [
         *_PERF_KEYS,
@@ -354,7 +357,7 @@ _PROMPT_IDS = pa.field(
     "prompt_token_ids", pa.list_(pa.int32()), metadata={"doc": "the prompt as this engine tokenized it"}
 )
 
-PROBE_LOGITS = _schema(
+PROBE_LOGITS = table_schema(
     "logits",
     [
         *_KEYS,
@@ -375,7 +378,7 @@ PROBE_LOGITS = _schema(
     ],
 )
 
-PROBE_LAYERS = _schema(
+PROBE_LAYERS = table_schema(
     "layers",
     [
         *_KEYS,

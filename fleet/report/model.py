@@ -22,7 +22,7 @@ from typing import Any
 
 import polars as pl
 
-from fleet.analysis import consistency, divergence, from_stats, noise_floor, noise_model, probes
+from fleet.analysis import consistency, divergence, from_stats, load_parity, noise_floor, noise_model, probes
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
 from fleet.analysis.noise_model import NoiseSpec
@@ -60,6 +60,7 @@ class RunReport:
     throughput: pl.DataFrame  # analysis.throughput (parity runs, engine-side timestamps)
     scenarios: pl.DataFrame | None  # fleet.analysis.perf.summary per level
     smoke: pl.DataFrame | None  # the smoke table
+    load_parity: pl.DataFrame | None  # load_parity.table: per target x scenario x level; None: no `parity:`
     logits: pl.DataFrame | None  # probes.logits_summary
     layers: pl.DataFrame | None  # probes.layer_curve: the error-growth curve
     matrix: pl.DataFrame | None  # per variant: started, gates, throughput (columns.MATRIX)
@@ -116,6 +117,9 @@ class RunReport:
             if t["perf_levels"].height
             else None,
             smoke=t["smoke"] if t["smoke"].height else None,
+            load_parity=load_parity.table(t["load_requests"], t["load_tokens"], requests, tokens, ref, spec=spec)
+            if t["load_requests"].height
+            else None,
             logits=probes.logits_summary(probes.logits_errors(t["logits"], ref)) if t["logits"].height else None,
             layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
             matrix=None,
@@ -177,6 +181,8 @@ class RunReport:
             frames.append(_perf_metrics(self.scenarios))
         if self.consistency is not None and self.consistency.height:
             frames.append(consistency.per_variant(self.consistency))
+        if self.load_parity is not None:
+            frames.append(load_parity.per_target(self.load_parity))
         return frames
 
     def evaluate(self, gates: Sequence[Gate]) -> pl.DataFrame:

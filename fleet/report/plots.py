@@ -156,3 +156,21 @@ def throughput_vs_concurrency(scenarios: pl.DataFrame, colors: Colors) -> list[s
             svg.lines(series, title=title, x_label="concurrent requests", y_label="output tok/s", colors=label_colors)
         )
     return out
+
+
+def parity_vs_load(levels: pl.DataFrame, colors: Colors) -> list[str]:
+    """Per scenario, by concurrency level: TF p99 |dlogp| and real divergences of the parity prompts
+    under load (fleet.analysis.load_parity.table), one line per target."""
+    out = []
+    for (scenario,), part in levels.partition_by("scenario", as_dict=True, maintain_order=True).items():
+        part = part.sort("level")
+        for column, y_label in (
+            ("tf_p99_abs_logprob_diff", "TF p99 |dlogp| (nats)"),
+            ("real_divergences", "real div."),
+        ):
+            series, label_colors = _series(part, "level", column, colors)
+            title = f"Parity vs load: {y_label} by concurrency, {scenario}"
+            out.append(
+                svg.lines(series, title=title, x_label="concurrent requests", y_label=y_label, colors=label_colors)
+            )
+    return out
