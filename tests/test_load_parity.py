@@ -66,10 +66,13 @@ def _recomputed(tables: dict[str, pl.DataFrame]) -> pl.DataFrame:
     keys = [*LEVEL, "phase"]
     diff = (pl.col("logprob").cast(pl.Float64) - pl.col("ref_logprob").cast(pl.Float64)).abs()
     twin = (pl.col("twin_logprob").cast(pl.Float64) - pl.col("ref_logprob").cast(pl.Float64)).abs()
-    per_level = tok.group_by(keys).agg(
-        tf_p99=diff.quantile(0.99, interpolation="linear"), twin_p99=twin.quantile(0.99, interpolation="linear")
-    )
-    per_level = per_level.with_columns(noise=pl.col("twin_p99") * pl.col("target").replace_strict(ALLOWANCE))
+    per_level = tok.group_by(keys).agg(tf_p99=diff.quantile(0.99, interpolation="linear"))
+    # The near-tie threshold is the target's own from the parity table: its twin's p99 over every
+    # parity position the reference scored, times the dtype's allowance.
+    parity_tok = tables["tokens"].filter((pl.col("target") != REF) & pl.col("ref_logprob").is_not_null())
+    noise = parity_tok.group_by("target").agg(noise=twin.quantile(0.99, interpolation="linear"))
+    noise = noise.with_columns(noise=pl.col("noise") * pl.col("target").replace_strict(ALLOWANCE))
+    per_level = per_level.join(noise, on="target")
     prompts = req.select(*keys, "prompt_id", "output_token_ids").join(
         ref.select("prompt_id", ref_ids="output_token_ids"), on="prompt_id"
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from fleet.analysis import consistency, divergence
+from fleet.analysis import consistency, divergence, noise_model
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.analysis.parity import Frame
 
@@ -56,6 +56,7 @@ def table(
     reference: str,
     *,
     spec: NoiseSpec | None = None,
+    noise: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """One row per (model, target, scenario, level): the columns of COLUMNS.
 
@@ -65,6 +66,11 @@ def table(
     output differs from the solo one at all, real_divergences_vs_solo those of them beyond the
     noise (consistency.self_consistency). in_flight_mean: the scenario's own requests in flight
     when the parity prompts were sent.
+
+    `noise` (model, target, noise: the parity table's) is each target's near-tie threshold at every
+    level and phase, the one its parity rows were judged by, so that alone, under load and in the
+    parity table one margin means one thing; a target without it (no parity rows, `parity: false`)
+    gets the noise model's over its own load rows.
     """
     spec = spec or NoiseSpec()
     load_req = _labelled(load_requests).collect()
@@ -91,7 +97,17 @@ def table(
         (m, label): spec.dtype(m, label.split(_SEP)[0]) for m, label in labels.iter_rows()
     }  # a level's candidate has its target's dtype
     level_spec = NoiseSpec(dtypes, spec.allowance, spec.near_tie_nats)
-    summary = divergence.summary(req, tok, reference, spec=level_spec)
+    table = noise_model.summary(tok, reference, level_spec)
+    if noise is not None and spec.near_tie_nats is None:
+        parity_noise = noise.select("model", _target="target", _noise="noise")
+        table = (
+            table.with_columns(_target=pl.col("target").str.split(_SEP).list.first())
+            .join(parity_noise, on=["model", "_target"], how="left")
+            .with_columns(noise=pl.coalesce("_noise", "noise"))
+            .drop("_target", "_noise")
+        )
+    per_prompt = divergence.divergences(req, tok, reference, spec=level_spec, noise_table=table)
+    summary = divergence.summary_of(per_prompt, tok, reference, noise_table=table)
     # Solo and load of one level are two variants of one base: compared with each other as matrix
     # variants are, by the same near-tie rule and the same noise.
     base = {label: label.rsplit(_SEP, 1)[0] for label in labels["target"].to_list()}

@@ -117,9 +117,7 @@ class RunReport:
             if t["perf_levels"].height
             else None,
             smoke=t["smoke"] if t["smoke"].height else None,
-            load_parity=load_parity.table(t["load_requests"], t["load_tokens"], requests, tokens, ref, spec=spec)
-            if t["load_requests"].height
-            else None,
+            load_parity=_load_parity(t, requests, tokens, ref, spec, parity),
             logits=probes.logits_summary(probes.logits_errors(t["logits"], ref)) if t["logits"].height else None,
             layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
             matrix=None,
@@ -199,6 +197,21 @@ class RunReport:
             doubles=gate_mod.test_doubles(self.info),
             incomplete=gate_mod.incomplete(self.info, self.tables["requests"]),
         )
+
+
+def _load_parity(
+    t: dict[str, pl.DataFrame],
+    requests: pl.DataFrame,
+    tokens: pl.LazyFrame,
+    ref: str,
+    spec: NoiseSpec,
+    parity: pl.DataFrame,
+) -> pl.DataFrame | None:
+    """Parity vs load (None: no scenario with `parity:` ran), judged with each target's parity noise."""
+    if not t["load_requests"].height:
+        return None
+    noise = parity.select("model", "target", "noise") if "noise" in parity.columns else None
+    return load_parity.table(t["load_requests"], t["load_tokens"], requests, tokens, ref, spec=spec, noise=noise)
 
 
 def _slos(info: RunInfo) -> dict[str, dict[str, float | None]]:
