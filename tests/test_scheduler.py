@@ -26,7 +26,7 @@ import pytest
 from actors.test_double import TestDoubleEngine
 from fleet.contracts import schema
 from fleet.contracts.engine import LoadRows, PerfResult, ResolvedModel
-from fleet.contracts.load_tables import LOAD_REQUESTS, LOAD_TOKENS, PHASES
+from fleet.contracts.schema import LOAD_PHASES, LOAD_REQUESTS, LOAD_TOKENS
 from fleet.contracts.spec import Shard
 from fleet.contracts.targets import TestDoubleArgs
 from fleet.results import reader
@@ -170,7 +170,7 @@ class Actor:
             gen = self.engine.generate(shard)
             keyed = [pl.lit(scenario.name).alias("scenario"), pl.lit(level, pl.Int32).alias("level")]
             both = [
-                pl.concat([frame.with_columns(phase=pl.lit(p)) for p in PHASES])
+                pl.concat([frame.with_columns(phase=pl.lit(p)) for p in LOAD_PHASES])
                 for frame in map(pl.from_arrow, (gen.requests, gen.tokens))
             ]  # type: ignore[arg-type]
             req, tok = (frame.with_columns(keyed).to_arrow() for frame in both)
@@ -432,9 +432,9 @@ def test_only_cpu_perf_levels_take_the_host_to_themselves() -> None:
     # A card's perf level times the card, which no other target shares: it runs beside the rest.
     from fleet.contracts.spec import Scenario
     from fleet.contracts.targets import VllmArgs
+    from fleet.run.perf_work import Perf
     from fleet.run.plan import PerfLevel
     from fleet.run.slots import ActorSlot
-    from fleet.run.work import Perf
 
     level = Perf(
         level=PerfLevel(

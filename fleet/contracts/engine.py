@@ -118,7 +118,7 @@ class Chunk:
 
 @dataclass(frozen=True)
 class LoadRows:
-    """A level's parity prompts (a scenario's `parity:`), alone and under load: load_tables.LOAD_REQUESTS
+    """A level's parity prompts (a scenario's `parity:`), alone and under load: schema.LOAD_REQUESTS
     and LOAD_TOKENS rows, the reference's columns null until it scores them."""
 
     requests: pa.Table

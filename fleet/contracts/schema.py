@@ -34,12 +34,11 @@ _TOPK = pa.list_(pa.int32())
 _TOPK_LP = pa.list_(pa.float32())
 
 
-def table_schema(name: str, fields: list[pa.Field]) -> pa.Schema:
-    """A stored table's schema: its fields, tagged with its name and SCHEMA_VERSION."""
+def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
     return pa.schema(fields, metadata={"fleet.table": name, "fleet.schema_version": str(SCHEMA_VERSION)})
 
 
-REQUESTS = table_schema(
+REQUESTS = _schema(
     "requests",
     [
         *_KEYS,
@@ -61,7 +60,7 @@ REQUESTS = table_schema(
     ],
 )
 
-TOKENS = table_schema(
+TOKENS = _schema(
     "tokens",
     [
         *_KEYS,
@@ -87,7 +86,7 @@ TOKENS = table_schema(
     ],
 )
 
-SHARDS = table_schema(
+SHARDS = _schema(
     "shards",
     [
         *_KEYS,
@@ -104,7 +103,7 @@ SHARDS = table_schema(
 # token columns the report's per-prompt comparisons read, as lists indexed by position, and the sums
 # its per-candidate figures merge. The report reads these instead of joining token rows.
 _LP_LIST = pa.list_(pa.float32())
-PROMPT_STATS = table_schema(
+PROMPT_STATS = _schema(
     "prompt_stats",
     [
         *_KEYS,
@@ -136,7 +135,7 @@ PROMPT_STATS = table_schema(
 # Columns the reference fills in by teacher-forced scoring of a candidate's tokens.
 SCORE_COLUMNS = ["ref_logprob", "ref_rank", "ref_topk_ids", "ref_topk_logprobs", "twin_logprob"]
 # What score() returns: the join keys plus SCORE_COLUMNS.
-SCORES = table_schema(
+SCORES = _schema(
     "scores",
     [TOKENS.field("prompt_id"), TOKENS.field("position"), *(TOKENS.field(c) for c in SCORE_COLUMNS)],
 )
@@ -151,9 +150,7 @@ TABLES: dict[str, pa.Schema] = {
 
 def all_tables() -> dict[str, pa.Schema]:
     """Every table a run directory may hold: parity (TABLES), perf, parity under load and probe tables."""
-    from fleet.contracts.load_tables import LOAD_TABLES  # it builds on this module's schemas
-
-    return TABLES | PERF_TABLES | LOAD_TABLES | globals().get("PROBE_TABLES", {})
+    return TABLES | PERF_TABLES | globals().get("LOAD_TABLES", {}) | globals().get("PROBE_TABLES", {})
 
 
 # The pages `make docs` keeps in sync with the code: the tables' columns (between <!-- schema:NAME -->
@@ -247,7 +244,7 @@ _PERF_KEYS = [
     pa.field("level", pa.int32(), nullable=False, metadata={"doc": "concurrency: requests in flight at most"}),
 ]
 
-PERF_REQUESTS = table_schema(
+PERF_REQUESTS = _schema(
     "perf_requests",
     [
         *_PERF_KEYS,
@@ -269,7 +266,7 @@ PERF_REQUESTS = table_schema(
     ],
 )
 
-PERF_LEVELS = table_schema(
+PERF_LEVELS = _schema(
     "perf_levels",
     [
         *_PERF_KEYS,
@@ -282,7 +279,7 @@ PERF_LEVELS = table_schema(
     ],
 )
 
-SMOKE = table_schema(
+SMOKE = _schema(
     "smoke",
     [
         *(f for f in _KEYS if f.name != "prompt_set"),
@@ -303,7 +300,7 @@ SMOKE = table_schema(
 # The per-level figures fleet/analysis/perf.py computes from the two tables above. Not stored:
 # computed when read (`fleet query RUN "SELECT * FROM perf"`, the reports), so it always covers
 # every stored level, resumed runs included.
-PERF_SUMMARY = table_schema(
+PERF_SUMMARY = _schema(
     "perf",
     [
         *_PERF_KEYS,
@@ -349,6 +346,49 @@ PERF_TABLES: dict[str, pa.Schema] = {
 }
 
 
+# Parity under load (a perf scenario's `parity:`, fleet/contracts/spec.py): the parity prompts'
+# requests and token rows at each level, sent alone before the load ("solo") and mid-load ("load"),
+# keyed like the perf tables by scenario and level; their other columns are REQUESTS' and TOKENS'
+# (the reference's teacher-forced columns included), so the parity analysis reads them as it reads
+# a candidate's shards (fleet/analysis/load_parity.py).
+LOAD_PHASES = ("solo", "load")  # each prompt alone on the engine before the load; all of them mid-load
+
+_LOAD_KEYS = [REQUESTS.field(c) for c in ("run_id", "model", "model_weights", "target", "prompt_set")] + [
+    pa.field("scenario", pa.string(), nullable=False, metadata={"doc": "perf scenario name"}),
+    pa.field("level", pa.int32(), nullable=False, metadata={"doc": "concurrency: requests in flight at most"}),
+    pa.field(
+        "phase",
+        pa.string(),
+        nullable=False,
+        metadata={"doc": "'solo': sent alone before the load (concurrency 1); 'load': sent mid-load"},
+    ),
+    pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+]
+_LOAD_SKIP = {f.name for f in _LOAD_KEYS} | {"shard_id"}
+
+LOAD_REQUESTS = _schema(
+    "load_requests",
+    [
+        *_LOAD_KEYS,
+        pa.field(
+            "in_flight_sent",
+            pa.int32(),
+            metadata={"doc": "the scenario's own requests in flight when this one was sent (solo: 0)"},
+        ),
+        pa.field(
+            "in_flight_done",
+            pa.int32(),
+            metadata={"doc": "the scenario's own requests in flight when this one completed (solo: 0)"},
+        ),
+        *(f for f in REQUESTS if f.name not in _LOAD_SKIP),
+    ],
+)
+
+LOAD_TOKENS = _schema("load_tokens", [*_LOAD_KEYS, *(f for f in TOKENS if f.name not in _LOAD_SKIP)])
+
+LOAD_TABLES: dict[str, pa.Schema] = {"load_requests": LOAD_REQUESTS, "load_tokens": LOAD_TOKENS}
+
+
 # Probe tables (issue 6), opt-in per manifest: full-vocabulary logprobs (the Qwen2.5 report's
 # logits comparison) and hidden states after every layer (the Llama-3.2 report's layer-wise
 # comparison). The float vectors are one list<float32> per row, never one row per element;
@@ -357,7 +397,7 @@ _PROMPT_IDS = pa.field(
     "prompt_token_ids", pa.list_(pa.int32()), metadata={"doc": "the prompt as this engine tokenized it"}
 )
 
-PROBE_LOGITS = table_schema(
+PROBE_LOGITS = _schema(
     "logits",
     [
         *_KEYS,
@@ -378,7 +418,7 @@ PROBE_LOGITS = table_schema(
     ],
 )
 
-PROBE_LAYERS = table_schema(
+PROBE_LAYERS = _schema(
     "layers",
     [
         *_KEYS,

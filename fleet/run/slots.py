@@ -11,8 +11,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fleet.run.perf_work import Perf
 from fleet.run.placement import add, fits, footprint, reserve
-from fleet.run.work import Describe, Generate, Perf, Probe, Score, ScoreStaged, Smoke, Work
+from fleet.run.work import Describe, Generate, Probe, Score, ScoreStaged, Smoke, Work
 
 if TYPE_CHECKING:
     from fleet.contracts.spec import ModelSpec, Shard

@@ -1,6 +1,6 @@
 """What an actor slot is fed: one class per kind of work (describe, smoke, generate, score,
-probe, perf level), each saying which call it makes to the target's actor and what should follow
-its result, or its being given up, as `Effects`.
+probe; perf levels in fleet/run/perf_work.py), each saying which call it makes to the target's
+actor and what should follow its result, or its being given up, as `Effects`.
 
 Work only says what should happen; the dispatch loop (fleet/run/scheduler.py) applies it, and
 decides everything that depends on the run's state. The loop knows only the `Work` interface: it
@@ -23,12 +23,12 @@ if TYPE_CHECKING:
 
     import pyarrow as pa
 
-    from fleet.contracts.engine import Generation, PerfResult
+    from fleet.contracts.engine import Generation
     from fleet.contracts.spec import ModelSpec, Shard
     from fleet.contracts.targets import TargetArgs
     from fleet.results.staging import Staging
     from fleet.run.manifest import Manifest
-    from fleet.run.plan import PerfLevel, ProbeCall
+    from fleet.run.plan import ProbeCall
 
 
 class SlotView(Protocol):
@@ -263,35 +263,6 @@ class Probe(Work):
 
     def on_abandon(self, slot: SlotView, reason: str) -> Effects:
         return Effects(failed_shard=(self.probe.key, reason))
-
-
-@dataclass(frozen=True)
-class Perf(Work):
-    """One concurrency level of a perf scenario; a target's levels run after its parity work."""
-
-    level: PerfLevel
-    alone_on_cpu: ClassVar[bool] = True
-
-    def submit(self, slot: SlotView) -> tuple[Any, float]:
-        scenario, m = self.level.scenario, slot.manifest
-        prompts = m.prompt_list(scenario.prompt_set) if scenario.prompt_set else None
-        parity = m.prompt_list(scenario.parity.prompt_set) if scenario.parity else None
-        return slot.handle.perf.remote(scenario, self.level.level, prompts, parity), m.run.shard_timeout_s
-
-    def on_result(self, slot: SlotView, result: PerfResult) -> Effects:
-        if result.parity is not None:  # written once the reference has scored its parity rows
-            from fleet.run.load_work import ScoreLoad
-
-            return Effects(score=ScoreLoad.of(self.level, result))
-        return Effects(writes=perf_writes(self.level.key, result), progress=1)
-
-    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
-        return Effects(failed_shard=(self.level.key, reason), progress=1)
-
-
-def perf_writes(key: str, result: PerfResult) -> tuple[Write, ...]:
-    """A level's perf rows; its perf_levels row goes last: it marks the level done (resume)."""
-    return Write("perf_requests", key, result.requests), Write("perf_levels", key, result.level)
 
 
 def _non_finite(tokens: pa.Table) -> bool:

@@ -1,11 +1,11 @@
-"""Parity under load on the driver's side: a perf level's parity rows (a scenario's `parity:`,
-actors/load_parity.py) scored by the reference like a candidate shard, then written with the
-level's perf rows.
+"""Perf levels on the driver's side: one concurrency level of a perf scenario (`Perf`), and,
+when its scenario carries `parity:`, its parity rows (actors/load_parity.py) scored by the
+reference like a candidate shard, then written with the level's perf rows (`ScoreLoad`).
 
 `ScoreLoad` is a `Score` (fleet/run/work.py): it goes to the reference's queue the way a
 candidate shard does, with the precision twin, and the scheduler counts it among the rows a
 target's gates wait for. What differs is where its rows go: the load tables
-(fleet/contracts/load_tables.py) keyed by scenario and level, and the level's perf rows with them,
+(schema.LOAD_TABLES) keyed by scenario and level, and the level's perf rows with them,
 its perf_levels row last, so a level is done (for `--resume`) only once its parity rows are
 stored, scored or not. Taking turns, it waits in the reference's queue for its next turn rather
 than on disk: a level's parity rows are a few prompts, and a resume runs the level again.
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fleet.contracts.engine import Generation
-from fleet.contracts.load_tables import LOAD_TOKENS
+from fleet.contracts.schema import LOAD_TOKENS
 from fleet.contracts.spec import Shard
-from fleet.run.work import Effects, Score, Write, join_scores, perf_writes
+from fleet.run.work import Effects, Score, Work, Write, join_scores
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -27,6 +27,33 @@ if TYPE_CHECKING:
     from fleet.contracts.engine import PerfResult
     from fleet.run.plan import PerfLevel
     from fleet.run.work import SlotView
+
+
+@dataclass(frozen=True)
+class Perf(Work):
+    """One concurrency level of a perf scenario; a target's levels run after its parity work."""
+
+    level: PerfLevel
+    alone_on_cpu: ClassVar[bool] = True
+
+    def submit(self, slot: SlotView) -> tuple[Any, float]:
+        scenario, m = self.level.scenario, slot.manifest
+        prompts = m.prompt_list(scenario.prompt_set) if scenario.prompt_set else None
+        parity = m.prompt_list(scenario.parity.prompt_set) if scenario.parity else None
+        return slot.handle.perf.remote(scenario, self.level.level, prompts, parity), m.run.shard_timeout_s
+
+    def on_result(self, slot: SlotView, result: PerfResult) -> Effects:
+        if result.parity is not None:  # written once the reference has scored its parity rows
+            return Effects(score=ScoreLoad.of(self.level, result))
+        return Effects(writes=perf_writes(self.level.key, result), progress=1)
+
+    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
+        return Effects(failed_shard=(self.level.key, reason), progress=1)
+
+
+def perf_writes(key: str, result: PerfResult) -> tuple[Write, ...]:
+    """A level's perf rows; its perf_levels row goes last: it marks the level done (resume)."""
+    return Write("perf_requests", key, result.requests), Write("perf_levels", key, result.level)
 
 
 @dataclass(frozen=True)
