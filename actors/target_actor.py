@@ -77,8 +77,10 @@ class TargetActor:
             "revision": m.revision or "",
         }
 
-    def perf(self, scenario: Scenario, level: int, prompts: list[Prompt] | None) -> PerfResult:
-        return self._capable("perf", RunsPerf).perf(scenario, level, prompts)
+    def perf(
+        self, scenario: Scenario, level: int, prompts: list[Prompt] | None, parity_prompts: list[Prompt] | None = None
+    ) -> PerfResult:
+        return self._capable("perf", RunsPerf).perf(scenario, level, prompts, parity_prompts)
 
     def probe_logits(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions) -> pa.Table:
         return self._capable("probe_logits", ProbesLogits).probe_logits(

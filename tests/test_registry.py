@@ -118,7 +118,7 @@ class _WrongPerf(_Basics):
 
 
 class _UndeclaredSmoke(_Basics):
-    def perf(self, scenario: Any, level: int, prompts: Any = None) -> Any: ...
+    def perf(self, scenario: Any, level: int, prompts: Any = None, parity_prompts: Any = None) -> Any: ...
     def smoke(self) -> Any: ...
 
 
@@ -136,7 +136,7 @@ def test_a_broken_backend_is_caught() -> None:
 class _Everything:
     """An engine with every capability, to show the actor calls only the declared ones."""
 
-    def perf(self, scenario: Any, level: int, prompts: Any) -> str:
+    def perf(self, scenario: Any, level: int, prompts: Any, parity_prompts: Any = None) -> str:
         return "perf"
 
     def smoke(self) -> str:

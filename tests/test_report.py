@@ -33,6 +33,7 @@ from fleet.report.blocks import NOT_MEASURED
 from fleet.report.layouts import seed_sections
 from fleet.report.model import RunReport
 from fleet.report.sections import sections
+from fleet.results import reader
 from fleet.results.store import RunStore
 from fleet.run.drill import drilldown_rows
 from fleet.run.plan import DrillCall
@@ -71,6 +72,20 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
         {"check": "chat/completions", "passed": False, "status": 500, "latency_s": 0.07, "error": "HTTP 500: a | b"},
     ]
     store.write("smoke", "m/cand/smoke/00000", _table(schema.SMOKE, [weights | {"target": "cand"} | r for r in smoke]))
+    # Parity under load at both levels: the candidate's own parity rows, as if sent alone and mid-load.
+    stored = {
+        name: reader.load(run)[name].filter(pl.col("target") == "cand").collect() for name in ("requests", "tokens")
+    }
+    for level in (1, 4):
+        at = [
+            pl.lit("decode").alias("scenario"),
+            pl.lit(level, pl.Int32).alias("level"),
+            pl.lit(level).alias("in_flight_sent"),
+        ]
+        for name, frame in stored.items():
+            both = pl.concat([frame.with_columns(*at, phase=pl.lit(phase)) for phase in schema.LOAD_PHASES])
+            declared = schema.all_tables()[f"load_{name}"]
+            store.write(f"load_{name}", f"m/cand/decode/{level:05d}", schema.conform(both.to_arrow(), declared))
     rng = np.random.default_rng(0)
     ref = probes.log_normalize(rng.normal(size=(2, 16))).astype(np.float32)
     noisy = (ref + noise * rng.normal(size=ref.shape)).astype(np.float32)
@@ -143,6 +158,7 @@ def test_every_section_in_every_format(full: RunReport) -> None:
         # eager vs graph part on one prompt beyond the noise (s/p2): the setting is above the noise.
         "setting_effects": ["v.eager-false", "1 of 2 greedy paths change beyond the noise", "above noise"],
         "noise_floor": ["cand.repeat-2", "bit-identical to its rerun"],
+        "load_parity": ["decode", "the batch changed the answer"],
         "environment": ["Test CPU", "0123456789abcdef"],
         "architecture": ["LlamaForCausalLM", "10000.0", "40"],
         "gates": ["FAIL: 3 of 8 gate checks fail.", "0.5 >= 1 is false"],
@@ -249,9 +265,9 @@ def test_one_colour_per_target_in_every_plot(full: RunReport) -> None:
         colours
     )
     assert len({full.colors[t] for t in ("ref", "cand", "v.eager-true", "v.eager-false")}) == 4
-    # cand is in every plot: scatter, drift, divergence, 2 latency CDFs, the concurrency sweep, 2 layer curves,
-    # the drill-down's curve.
-    assert sum(label == "cand" for _, label in legend) == 9
+    # cand is in every plot: scatter, drift, divergence, 2 latency CDFs, the concurrency sweep, parity vs
+    # load (TF p99 and real divergences), 2 layer curves, the drill-down's curve.
+    assert sum(label == "cand" for _, label in legend) == 11
 
 
 def test_cli_report_writes_every_format_and_exits_on_gates(

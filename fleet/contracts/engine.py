@@ -128,18 +128,36 @@ class Chunk:
 
 
 @dataclass(frozen=True)
+class LoadRows:
+    """A level's parity prompts (a scenario's `parity:`), alone and under load: schema.LOAD_REQUESTS
+    and LOAD_TOKENS rows, the reference's columns null until it scores them."""
+
+    requests: pa.Table
+    tokens: pa.Table
+
+
+@dataclass(frozen=True)
 class PerfResult:
-    """One level of one scenario: schema.PERF_REQUESTS rows and its PERF_LEVELS row."""
+    """One level of one scenario: schema.PERF_REQUESTS rows and its PERF_LEVELS row; with the
+    scenario's `parity:`, its parity prompts' rows."""
 
     requests: pa.Table
     level: pa.Table
+    parity: LoadRows | None = None
 
 
 @runtime_checkable
 class RunsPerf(Protocol):
-    """Capability "perf": one concurrency level of a perf scenario, measured on the card."""
+    """Capability "perf": one concurrency level of a perf scenario, measured on the card; with the
+    scenario's `parity:`, its `parity_prompts` alone and mid-load too (PerfResult.parity)."""
 
-    def perf(self, scenario: Scenario, level: int, prompts: list[Prompt] | None) -> PerfResult: ...
+    def perf(
+        self,
+        scenario: Scenario,
+        level: int,
+        prompts: list[Prompt] | None,
+        parity_prompts: list[Prompt] | None = None,
+    ) -> PerfResult: ...
 
 
 @runtime_checkable

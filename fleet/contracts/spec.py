@@ -179,6 +179,24 @@ class Slo(Strict):
         return self
 
 
+class LoadParity(Strict):
+    """Parity under load (fleet/analysis/load_parity.py): at each level of a scenario, a prompt set
+    is sent greedily with top-k logprobs in the middle of the load, and alone before the load, then
+    scored by the reference like any candidate shard."""
+
+    prompt_set: Name = Field(
+        description="Prompt set sent under load (every target's parity runs it too, the reference's greedy "
+        "path comes from there); keep it short: its prompts add to the level's load."
+    )
+    at: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="Share of the level's measured requests sent before the parity prompts go, all at once "
+        "(0.5: the middle of the load).",
+    )
+
+
 class Scenario(Strict):
     """A load pattern run at each concurrency level: what is sent, how much comes back, how often."""
 
@@ -210,6 +228,11 @@ class Scenario(Strict):
         None, min_length=1, description="Targets to run it on (default: every target whose kind can run perf)."
     )
     slo: Slo | None = Field(None, description="Per-request limits: each level then reports goodput against them.")
+    parity: LoadParity | None = Field(
+        None,
+        description="Parity under load: a prompt set sent greedily with logprobs mid-load at each level, and "
+        "alone (concurrency 1) before it; compared with the reference and with itself alone (docs/load-parity.md).",
+    )
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> Scenario:

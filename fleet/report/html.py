@@ -54,6 +54,7 @@ PLOTTED = [
     "setting_effects",
     "throughput",
     "scenarios",
+    "load_parity",
     "layers",
     "drilldown",
 ]  # sections with plots
@@ -139,6 +140,8 @@ def _plots(report: RunReport, key: str) -> list[str]:
         return [plots.latency_cdf(t["requests"], c, colors, name=n) for c, n in (("ttft_s", "TTFT"), ("e2e_s", "E2E"))]
     if key == "scenarios" and report.scenarios is not None:
         return plots.throughput_vs_concurrency(report.scenarios, colors)
+    if key == "load_parity" and report.load_parity is not None:
+        return plots.parity_vs_load(report.load_parity, colors)
     if key == "layers" and report.layers is not None:
         return [plots.layer_errors(report.layers, colors, metric=m) for m in ("rel_l2", "cosine")]
     if key == "drilldown":

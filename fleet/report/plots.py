@@ -192,3 +192,21 @@ def drilldown_curves(curve: pl.DataFrame, colors: Colors) -> list[str]:
 
 def _log10(values: pl.Series) -> list[float]:
     return [math.log10(v) if v is not None and v > 0 else math.nan for v in values.to_list()]
+
+
+def parity_vs_load(levels: pl.DataFrame, colors: Colors) -> list[str]:
+    """Per scenario, by concurrency level: TF p99 |dlogp| and real divergences of the parity prompts
+    under load (fleet.analysis.load_parity.table), one line per target."""
+    out = []
+    for (scenario,), part in levels.partition_by("scenario", as_dict=True, maintain_order=True).items():
+        part = part.sort("level")
+        for column, y_label in (
+            ("tf_p99_abs_logprob_diff", "TF p99 |dlogp| (nats)"),
+            ("real_divergences", "real div."),
+        ):
+            series, label_colors = _series(part, "level", column, colors)
+            title = f"Parity vs load: {y_label} by concurrency, {scenario}"
+            out.append(
+                svg.lines(series, title=title, x_label="concurrent requests", y_label=y_label, colors=label_colors)
+            )
+    return out

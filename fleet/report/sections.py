@@ -62,6 +62,21 @@ def _scenarios(r: RunReport, spec: SectionSpec) -> list[Block]:
     return [*blocks, conditions(r.info)] if blocks else []
 
 
+@register("load_parity", "Parity vs load (the parity prompts mid-load at each level, vs reference and vs alone)",
+          chapter=PERFORMANCE, columns=columns.LOAD_PARITY)  # fmt: skip
+def _load_parity(r: RunReport, spec: SectionSpec) -> list[Block]:
+    blocks = spec.table(r.load_parity, worst=("real_divergences", True))
+    if not blocks:
+        return []
+    note = (
+        "Each level's parity prompts were sent alone first (c=1), then all at once mid-load, greedy, and "
+        "teacher-forced by the reference; real divergences and near ties by the parity tables' rule and noise. "
+        "'vs c=1': load minus alone; 'paths changed vs c=1': load outputs that differ from the same prompts "
+        "alone, 'real div. from c=1' of which beyond the noise (the batch changed the answer)."
+    )
+    return [*blocks, note]
+
+
 @register("smoke", "Smoke checks", chapter=PERFORMANCE, columns=columns.SMOKE)
 def _smoke(r: RunReport, spec: SectionSpec) -> list[Block]:
     return spec.table(r.smoke)

@@ -158,6 +158,9 @@ class Manifest(Strict):
             if scenario.prompt_set is not None and scenario.prompt_set not in self.prompts:
                 msg = f"perf[{i}].prompt_set: no prompt set {scenario.prompt_set!r}; sets: {', '.join(self.prompts)}"
                 raise ValueError(msg)
+            if scenario.parity is not None and scenario.parity.prompt_set not in self.prompts:
+                msg = f"perf[{i}].parity.prompt_set: no prompt set {scenario.parity.prompt_set!r}; "
+                raise ValueError(msg + f"sets: {', '.join(self.prompts)}")
             for name in scenario.targets or ():
                 if name not in targets or not targets[name].can("perf"):
                     msg = f"perf[{i}].targets: {name!r} is not a target of a kind that runs perf scenarios"

@@ -281,8 +281,11 @@ class Loop:
     def _apply(self, admitted: AdmittedModel, name: str, work: Work, effects: Effects) -> None:
         """Carry out what should follow `work` on target `name`, which has ended (its result is
         in, or it was given up): the one place work changes the admitted."""
-        key, slot = f"{admitted.model.name}/{name}", admitted.slots[name]
         admitted.ended(work)
+        self._carry_out(admitted, name, effects)
+
+    def _carry_out(self, admitted: AdmittedModel, name: str, effects: Effects) -> None:
+        key, slot = f"{admitted.model.name}/{name}", admitted.slots[name]
         if effects.provenance is not None:
             self.outcome.provenance[key] = effects.provenance
         slot.smoked = slot.smoked or effects.smoked
@@ -303,10 +306,10 @@ class Loop:
         """A candidate's shard goes to the reference: held in memory for it while it is up beside
         the candidates; staged on disk when the model takes turns (the candidate's actor may go once
         they are stored); written unscored when there is no reference (left) to score with."""
-        if admitted.take_turns and not admitted.reference_failed:
+        if admitted.take_turns and not admitted.reference_failed and score.staged:
             admitted.stage(score.shard, self.staging.put(score.gen))
         elif not admitted.to_score(score):
-            self.writer.write(score.unscored)
+            self._carry_out(admitted, score.shard.target, score.without_reference())
 
 
 def _reason(error: Exception) -> str:

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fleet.run.drill import Drill
+from fleet.run.perf_work import Perf
 from fleet.run.placement import add, fits, footprint, reserve
-from fleet.run.work import Describe, Generate, Perf, Probe, Score, ScoreStaged, Smoke, Work
+from fleet.run.work import Describe, Generate, Probe, Score, ScoreStaged, Smoke, Work
 
 if TYPE_CHECKING:
     from fleet.contracts.spec import ModelSpec, Shard
@@ -142,9 +143,10 @@ class AdmittedModel:
         self._handed: set[str] = set()
 
     def to_score(self, score: Score) -> bool:
-        """Queue a candidate's rows for the reference to score; False when it is gone (failed)."""
+        """Queue a candidate's rows for the reference to score; False when it is gone (failed).
+        Taking turns, rows not staged on disk (`Score.staged`) wait here for its next turn."""
         ref = self.slots[self.ref]
-        if ref.handle is None:
+        if ref.handle is None and not (self.take_turns and not self.reference_failed):
             return False
         # Scored before the reference's own next shard: a candidate's rows wait in the driver
         # only until the reference is free, so memory does not grow with the prompt count.

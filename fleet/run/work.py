@@ -1,6 +1,6 @@
 """What an actor slot is fed: one class per kind of work (describe, smoke, generate, score,
-probe, perf level), each saying which call it makes to the target's actor and what should follow
-its result, or its being given up, as `Effects`.
+probe; perf levels in fleet/run/perf_work.py), each saying which call it makes to the target's
+actor and what should follow its result, or its being given up, as `Effects`.
 
 Work only says what should happen; the dispatch loop (fleet/run/scheduler.py) applies it, and
 decides everything that depends on the run's state. The loop knows only the `Work` interface: it
@@ -23,12 +23,12 @@ if TYPE_CHECKING:
 
     import pyarrow as pa
 
-    from fleet.contracts.engine import Generation, PerfResult
+    from fleet.contracts.engine import Generation
     from fleet.contracts.spec import ModelSpec, Shard
     from fleet.contracts.targets import TargetArgs
     from fleet.results.staging import Staging
     from fleet.run.manifest import Manifest
-    from fleet.run.plan import PerfLevel, ProbeCall
+    from fleet.run.plan import ProbeCall
 
 
 class SlotView(Protocol):
@@ -185,7 +185,7 @@ class Score(Work):
         return call, m.run.shard_timeout_s
 
     def on_result(self, slot: SlotView, result: pa.Table) -> Effects:
-        return Effects(shard=ShardRows(self.gen, _join_scores(self.gen.tokens, result)))
+        return Effects(shard=ShardRows(self.gen, join_scores(self.gen.tokens, result)))
 
     def on_abandon(self, slot: SlotView, reason: str) -> Effects:
         # The candidate's own rows stand; record that they lack the reference's columns.
@@ -195,6 +195,14 @@ class Score(Work):
     def unscored(self) -> ShardRows:
         """The candidate's own rows, without the reference's columns."""
         return ShardRows(self.gen, self.gen.tokens)
+
+    # Taking turns, its rows wait for the reference on disk (fleet/results/staging.py); False: in
+    # the reference's queue, for its next turn (a few rows, nothing a resume needs).
+    staged: ClassVar[bool] = True
+
+    def without_reference(self) -> Effects:
+        """What is written when no reference is left to score with: the rows, unscored."""
+        return Effects(shard=self.unscored)
 
 
 @dataclass(frozen=True)
@@ -257,29 +265,6 @@ class Probe(Work):
         return Effects(failed_shard=(self.probe.key, reason))
 
 
-@dataclass(frozen=True)
-class Perf(Work):
-    """One concurrency level of a perf scenario; a target's levels run after its parity work."""
-
-    level: PerfLevel
-    alone_on_cpu: ClassVar[bool] = True
-
-    def submit(self, slot: SlotView) -> tuple[Any, float]:
-        scenario = self.level.scenario
-        prompts = slot.manifest.prompt_list(scenario.prompt_set) if scenario.prompt_set else None
-        return slot.handle.perf.remote(scenario, self.level.level, prompts), slot.manifest.run.shard_timeout_s
-
-    def on_result(self, slot: SlotView, result: PerfResult) -> Effects:
-        key = self.level.key
-        return Effects(
-            writes=(Write("perf_requests", key, result.requests), Write("perf_levels", key, result.level)),
-            progress=1,
-        )
-
-    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
-        return Effects(failed_shard=(self.level.key, reason), progress=1)
-
-
 def _non_finite(tokens: pa.Table) -> bool:
     import pyarrow.compute as pc
 
@@ -287,7 +272,8 @@ def _non_finite(tokens: pa.Table) -> bool:
     return bool(len(lp)) and not pc.all(pc.is_finite(lp.fill_null(0.0))).as_py()
 
 
-def _join_scores(tokens: pa.Table, scores: pa.Table) -> pa.Table:
+def join_scores(tokens: pa.Table, scores: pa.Table, *, into: pa.Schema = schema.TOKENS) -> pa.Table:
+    """`tokens` with the reference's `scores` on each (prompt_id, position), as table `into`."""
     import polars as pl
 
     keys = ["prompt_id", "position"]
@@ -296,4 +282,4 @@ def _join_scores(tokens: pa.Table, scores: pa.Table) -> pa.Table:
         .drop(schema.SCORE_COLUMNS)  # type: ignore[union-attr]
         .join(pl.from_arrow(scores), on=keys, how="left", maintain_order="left")  # type: ignore[arg-type]
     )
-    return schema.conform(joined.to_arrow(), schema.TOKENS)
+    return schema.conform(joined.to_arrow(), into)
