@@ -24,10 +24,10 @@ TAIL_FLOOR = 1e-12
 PROMPT = ["model", "model_weights", "target", "prompt_set", "prompt_id"]
 
 
-def tie_slots(k: int) -> dict[str, pl.Expr]:
-    """What `top1_agreement` compares, one column per top-k slot: a caller over many rows adds
-    these columns first (`with_columns`) and passes `materialized=True`, so that each list is read
-    once per slot rather than once per comparison (prompt_stats.summarize: 4x faster)."""
+def topk_slots(k: int) -> dict[str, pl.Expr]:
+    """What `top1_agreement` and `kl` compare, one column per top-k slot: a caller over many rows
+    adds these columns first (`with_columns`) and passes `materialized=True`, so that each list is
+    read once per slot rather than once per comparison (summarize: 4x faster)."""
     lp, ref_lp = pl.col("topk_logprobs"), pl.col("ref_topk_logprobs")
     slots = {
         "_cand_max": pl.max_horizontal(pl.col("logprob"), lp.list.max()),  # its token is its greedy choice
@@ -46,8 +46,8 @@ def top1_agreement(k: int, *, materialized: bool = False) -> pl.Expr:
     """On candidate token rows (teacher-forced columns alongside): whether the candidate's token, or
     any of its tied maxima, is among the reference's tied maxima at the same prefix. `k` is at least
     the longest top-k list. Null where the row was not scored (fleet/analysis/ties.py: the rule).
-    `materialized`: the `tie_slots` columns are there already."""
-    s = {name: pl.col(name) if materialized else e for name, e in tie_slots(k).items()}
+    `materialized`: the `topk_slots` columns are there already."""
+    s = {name: pl.col(name) if materialized else e for name, e in topk_slots(k).items()}
     token = pl.col("token_id").cast(pl.Int64)
     # Each side's tied maxima, a slot null where it is not one; the candidate's own token always is.
     cand = [token, *(pl.when(s[f"_cand_lp{j}"] >= s["_cand_max"]).then(s[f"_cand_id{j}"]) for j in range(k))]
@@ -71,21 +71,17 @@ def both_topk() -> pl.Expr:
     return (pl.col("ref_topk_ids").list.len() > 0) & (pl.col("topk_ids").list.len() > 0)
 
 
-def kl(k: int) -> pl.Expr:
+def kl(k: int, *, materialized: bool = False) -> pl.Expr:
     """KL top-k of one row (fleet/analysis/parity.py `kl_topk` defines it); meaningful where `both_topk`.
+    `materialized`: the `topk_slots` columns are there already.
 
     Column-wise over list slots (k x k comparisons, k <= 20), not exploded rows and a join."""
+    s = {name: pl.col(name) if materialized else e for name, e in topk_slots(k).items()}
     lc_min = pl.col("topk_logprobs").list.min().cast(_F64)
     head, sum_pr, sum_pc = pl.lit(0.0), pl.lit(0.0), pl.lit(0.0)
     for j in range(k):
-        rid = pl.col("ref_topk_ids").list.get(j, null_on_oob=True)
-        lr = pl.col("ref_topk_logprobs").list.get(j, null_on_oob=True).cast(_F64)
-        found = [
-            pl.when(pl.col("topk_ids").list.get(m, null_on_oob=True) == rid).then(
-                pl.col("topk_logprobs").list.get(m, null_on_oob=True)
-            )
-            for m in range(k)
-        ]
+        rid, lr = s[f"_ref_id{j}"], s[f"_ref_lp{j}"].cast(_F64)
+        found = [pl.when(s[f"_cand_id{m}"] == rid).then(s[f"_cand_lp{m}"]) for m in range(k)]
         lc = pl.coalesce(*found, lc_min).cast(_F64)
         present = rid.is_not_null()
         head = head + pl.when(present).then(lr.exp() * (lr - lc)).otherwise(0.0)
@@ -101,13 +97,17 @@ def summarize(tokens: pa.Table) -> pa.Table:
     frame = pl.from_arrow(schema.conform(tokens, schema.TOKENS))  # a column the engine left out is null
     assert isinstance(frame, pl.DataFrame)  # a Table always converts to a DataFrame
     lazy = frame.lazy()
-    k = longest_topk(lazy)
     at0 = pl.col("position") == 0
-    kl_row = pl.when(both_topk()).then(kl(k))
+    if frame.get_column("ref_topk_ids").null_count() == frame.height:  # nothing scored: a reference's own rows
+        lazy = lazy.with_columns(_tied=pl.lit(None, pl.Boolean), _kl=pl.lit(None, _F64))
+    else:
+        k = longest_topk(lazy)
+        slots = lazy.with_columns(**topk_slots(k))
+        lazy = slots.with_columns(
+            _tied=top1_agreement(k, materialized=True), _kl=pl.when(both_topk()).then(kl(k, materialized=True))
+        )
     rows = (
         lazy.sort(*PROMPT, "position")
-        .with_columns(**tie_slots(k))
-        .with_columns(_tied=top1_agreement(k, materialized=True), _kl=kl_row)
         .group_by(PROMPT, maintain_order=True)
         .agg(
             n_positions=pl.len().cast(pl.Int32),

@@ -136,13 +136,16 @@ class RunStore:
         path = self.path(table, shard_id, weights, staged=staged, area=area)
         # The names in it are validated already; this is the guard that the layout stays in the run.
         inside(self.root, path, what=f"{table} rows of {shard_id[:200]}", local=self.local)
+        # Dictionaries for the string columns only: on logprobs and top-k lists they cost time and
+        # bytes (a tokens shard: 20 % faster to write, 30 % smaller; docs/measurements.md).
+        options = {"compression": "zstd", "compression_level": 1, "use_dictionary": _strings(data.schema)}
         if self.local:  # straight to the temp file: no in-memory copy of a big shard
             tmp = self._temp(path)
-            pq.write_table(data, tmp, compression="zstd", compression_level=1)
+            pq.write_table(data, tmp, **options)
             sync_and_rename(tmp, path)
         else:
             sink = pa.BufferOutputStream()
-            pq.write_table(data, sink, compression="zstd", compression_level=1)
+            pq.write_table(data, sink, **options)
             put(self.fs, path, sink.getvalue())
         if area is not None:
             return path
@@ -223,6 +226,10 @@ class RunStore:
         directory, name = path.rsplit("/", 1)
         self.fs.create_dir(directory, recursive=True)
         return f"{directory}/.{name}.tmp"
+
+
+def _strings(columns: pa.Schema) -> list[str]:
+    return [f.name for f in columns if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
 
 
 def _layout(table: str, shard_id: str, weights: str) -> list[str]:
