@@ -263,9 +263,9 @@ def _execute(
 ) -> Outcome:
     """Dispatch shards and perf levels, then record in run.json how it ended (also when interrupted)."""
     status, outcome = "interrupted", Outcome()
+    sink = _sink(manifest, store)
     try:
         planned = +Counter({p.model: len(p.shards) + len(p.perf) for p in plans})  # +: no model without work
-        sink = _sink(manifest, store)
         with Progress(planned, enabled=progress) as bar:
             outcome = execute(manifest, plans, store, bar, cluster=cluster, gates_of=gates_of, sink=sink)
         outcome.failures = (failed_before_start or {}) | outcome.failures
@@ -280,6 +280,7 @@ def _execute(
             retries=(before.retries if before else 0) + outcome.retries,
             models=(before.timeline if before else {}) | outcome.timeline,
             cluster=_cluster(),
+            write="driver" if sink is None else "actors",  # who wrote the rows (run.write; the last session's)
         )
     return outcome
 
