@@ -9,6 +9,7 @@ capability the backend declares (fleet/contracts/engine.py) instead of probing f
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from actors import engine_class
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
     import pyarrow as pa
 
-    from fleet.contracts.engine import Generation, PerfResult, Positions, Prefix
+    from fleet.contracts.engine import Generation, PerfResult, Positions, Prefix, RowSink
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.spec import ModelSpec, Sampling, Scenario, Shard
     from fleet.contracts.targets import Capability, TargetArgs
@@ -52,6 +53,15 @@ class TargetActor:
 
     def score(self, requests: pa.Table, *, k: int, twin: str | None = None) -> pa.Table:
         return self.engine.score(requests, k=k, twin=twin)
+
+    def generate_to(self, shard: Shard, sink: RowSink) -> Any:
+        """`generate`, its rows stored here by `sink` (the engines write their own rows): the
+        driver gets back only where they wait."""
+        return sink.generated(self.generate(shard))
+
+    def score_staged(self, sink: RowSink, shard_id: str, weights: str, *, k: int, twin: str | None = None) -> Any:
+        """`score` of a candidate shard `sink` stored, read, scored and stored again here."""
+        return sink.scored(shard_id, weights, functools.partial(self.engine.score, k=k, twin=twin))
 
     def describe(self) -> dict[str, str]:
         """Provenance: the engine's environment plus exactly which weights it loaded, and where."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     import pyarrow as pa
 
@@ -55,6 +55,18 @@ class ResolvedModel:
     @property
     def name(self) -> str:
         return self.spec.name
+
+
+class RowSink(Protocol):
+    """Where an actor stores a shard's rows itself, when the engines write their own (the driver hands
+    it over as a call's argument; fleet/results/direct.py implements it). What it returns is all the
+    driver gets back: where the files wait, and the shard's one `shards` row."""
+
+    def generated(self, gen: Generation) -> Any:
+        """Store a shard as its target generated it."""
+
+    def scored(self, shard_id: str, weights: str, score: Callable[[pa.Table], pa.Table]) -> Any:
+        """Score a stored candidate shard (`score`: requests -> SCORES rows) and store it scored."""
 
 
 class Engine(ABC):

@@ -48,6 +48,13 @@ class RunOptions(Strict):
         1800, gt=0, le=MAX_TIMEOUT_S, description="Model download + engine start longer than this fails."
     )
     max_attempts: int = Field(3, ge=1, le=100, description="Tries per shard before it is recorded as failed.")
+    write: Literal["driver", "actors", "auto"] = Field(
+        "auto",
+        description="Who writes a shard's Parquet: the driver (every row passes through it), or the engine actors "
+        "into a shared results store, handing the driver only where the files wait, committed by it "
+        "(docs/cluster.md). auto: the actors when the results root is an object store (s3://), or the cluster has "
+        "more than one node and the results directory is on a network file system; else the driver.",
+    )
 
 
 def _default_allowance() -> dict[DType, float]:

@@ -26,6 +26,7 @@ from fleet.contracts.inputs import check_name, check_url, clip, cut, inside, rea
 from fleet.contracts.schema import SCHEMA_VERSION
 from fleet.contracts.targets import SOURCE_PREFLIGHT, engine_side
 from fleet.results import reader
+from fleet.results.direct import DirectSink, actors_write
 from fleet.results.info import RunInfo
 from fleet.results.store import RUN_JSON, RunStore, join, now
 from fleet.run import manifest as manifest_mod
@@ -269,10 +270,11 @@ def _execute(
 ) -> Outcome:
     """Dispatch shards and perf levels, then record in run.json how it ended (also when interrupted)."""
     status, outcome = "interrupted", Outcome()
+    sink = _sink(manifest, store)
     try:
         planned = +Counter({p.model: len(p.shards) + len(p.perf) for p in plans})  # +: no model without work
         with Progress(planned, enabled=progress) as bar:
-            outcome = execute(manifest, plans, store, bar, cluster=cluster, gates_of=gates_of)
+            outcome = execute(manifest, plans, store, bar, cluster=cluster, gates_of=gates_of, sink=sink)
         outcome.failures = (failed_before_start or {}) | outcome.failures
         status = "partial" if outcome.partial else "complete"
     finally:
@@ -285,6 +287,7 @@ def _execute(
             retries=(before.retries if before else 0) + outcome.retries,
             models=(before.timeline if before else {}) | outcome.timeline,
             cluster=_cluster(),
+            write="driver" if sink is None else "actors",  # who wrote the rows (run.write; the last session's)
         )
     return outcome
 
@@ -330,6 +333,17 @@ def _drill(
         retries=int(recorded.get("retries", 0)) + more.retries,
     )
     return merged
+
+
+def _sink(manifest: manifest_mod.Manifest, store: RunStore) -> DirectSink | None:
+    """Where the actors store their own rows (`run.write`, fleet/results/direct.py); None: the driver writes."""
+    import ray
+
+    nodes = len([n for n in ray.nodes() if n.get("Alive")])
+    if not actors_write(manifest.run.write, store, nodes=nodes):
+        return None
+    # A local directory as an absolute path: an actor's working directory is not the driver's.
+    return DirectSink(store.root if store.local else str(store.run_dir), store.run_id, manifest.reference)
 
 
 def _bind(gates_of: RunGateCheck | None, run_dir: str | Path) -> GateCheck | None:

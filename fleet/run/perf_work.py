@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from fleet.contracts.engine import Generation
 from fleet.contracts.schema import LOAD_TOKENS
 from fleet.contracts.spec import Shard
-from fleet.run.work import Effects, Score, Work, Write, join_scores
+from fleet.results.direct import join_scores
+from fleet.run.work import Effects, Score, Work, Write
 
 if TYPE_CHECKING:
     import pyarrow as pa
