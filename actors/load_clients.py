@@ -87,7 +87,7 @@ class Clients:
             msg = f"clients: {clients} spreads the load over Ray actors: run it under `fleet run` (or ray.init first)"
             raise RuntimeError(msg)
         remote = ray.remote(LoadClient).options(num_cpus=client_cpus, scheduling_strategy="SPREAD")
-        self.actors = [remote.remote(http, j) for j in range(clients)]  # type: ignore[attr-defined]
+        self.actors = [remote.remote(http, j) for j in range(clients)]
         try:
             self.hosts = ray.get([a.ready.remote() for a in self.actors], timeout=READY_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:

@@ -143,9 +143,10 @@ class Slo(Strict):
         whole table (a sweep judges its probes with it as it runs, actors/sweep.py)."""
         if row.get("error") is not None:
             return False
-        values = {"ttft_s": row.get("ttft_s"), "tpot_s": row.get("tpot_s") or 0.0, "e2e_s": row.get("e2e_s")}
+        values: dict[str, float | None] = {"ttft_s": row.get("ttft_s"), "tpot_s": row.get("tpot_s") or 0.0}
+        values["e2e_s"] = row.get("e2e_s")
         limits = {"ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s}
-        return all(limit is None or (values[k] is not None and values[k] <= limit) for k, limit in limits.items())
+        return all(limit is None or ((v := values[k]) is not None and v <= limit) for k, limit in limits.items())
 
     @model_validator(mode="after")
     def _some_limit(self) -> Slo:
