@@ -53,7 +53,8 @@ async def search(
     if share < sweep.min_share:
         passing, failing = sweep.floor_rps, max(ceiling, sweep.floor_rps)
         _, share = await probe(passing)
-        for _ in range(sweep.steps if share >= sweep.min_share else 0):
+        # Nothing to bisect when the floor fails, or when it is at or above the ceiling.
+        for _ in range(sweep.steps if share >= sweep.min_share and failing > passing else 0):
             rate = (passing + failing) / 2
             _, share = await probe(rate)
             passing, failing = (rate, failing) if share >= sweep.min_share else (passing, rate)
