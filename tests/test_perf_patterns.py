@@ -147,19 +147,19 @@ class LoadedServer:
 
 
 def test_sweep_bisects_to_the_highest_rate_meeting_the_slo() -> None:
-    sweep = {"floor_rps": 10.0, "min_share": 0.8, "steps": 4}
-    sc = scenario(concurrency=[8], num_requests=24, arrival="constant", slo={"e2e_s": 0.040}, sweep=sweep)
-    result = measure(LoadedServer().stream, sc, 8, 24 * sc.sweep.runs)  # type: ignore[union-attr]
+    sweep = {"floor_rps": 20.0, "min_share": 0.8, "steps": 3}
+    sc = scenario(concurrency=[8], num_requests=16, arrival="constant", slo={"e2e_s": 0.040}, sweep=sweep)
+    result = measure(LoadedServer().stream, sc, 8, 16 * sc.sweep.runs)  # type: ignore[union-attr]
     requests, levels = pl.from_arrow(result.requests), pl.from_arrow(result.level)
     runs = fleet_perf.summary(requests, levels, {"s": {"e2e_s": 0.040}})  # type: ignore[arg-type]
-    assert runs["probe"].to_list() == list(range(6)) and runs["n_requests"].to_list() == [24] * 6
+    assert runs["probe"].to_list() == list(range(5)) and runs["n_requests"].to_list() == [16] * 5
     # Probe 0, the closed loop: ~90 ms per request, fails; its rate is the ceiling. Probe 1, the floor: passes.
     closed, floor, *bisection = runs.iter_rows(named=True)
     assert closed["request_rate"] is None and closed["slo_share"] < 0.8
-    assert floor["request_rate"] == 10.0 and floor["slo_share"] >= 0.8
+    assert floor["request_rate"] == 20.0 and floor["slo_share"] >= 0.8
     # Each later probe is the midpoint of the highest passing rate and the lowest failing one so far,
     # judged from the stored rows by the analysis' own rule.
-    passing, failing = 10.0, closed["qps"]
+    passing, failing = 20.0, closed["qps"]
     for probe in bisection:
         assert probe["request_rate"] == pytest.approx((passing + failing) / 2)
         if probe["slo_share"] >= 0.8:
@@ -171,7 +171,7 @@ def test_sweep_bisects_to_the_highest_rate_meeting_the_slo() -> None:
     assert curve["offered_rps"].to_list() == sorted(curve["offered_rps"].to_list())
     assert curve.filter(pl.col("probe") == 0)["offered_rps"].item() == pytest.approx(closed["qps"])
     # Every probe sent fresh prompts: its rows are the sweep's num_requests, numbered from 0.
-    assert requests.group_by("probe").agg(pl.col("request_index").max())["request_index"].to_list() == [23] * 6
+    assert requests.group_by("probe").agg(pl.col("request_index").max())["request_index"].to_list() == [15] * 5
     assert not math.isnan(passing)
 
 
