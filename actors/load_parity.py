@@ -22,13 +22,13 @@ from fleet.contracts.engine import Chunk, Completion, LoadRows, PerfResult
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from actors.loadgen import OnSend, Stream
+    from actors.loadgen import Stream
     from fleet.contracts.engine import Engine
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.spec import Scenario
 
 Complete = Callable[["Prompt"], Awaitable[Completion]]
-Measure = Callable[["Stream", "OnSend | None"], Coroutine[Any, Any, PerfResult]]
+Measure = Callable[..., Coroutine[Any, Any, PerfResult]]  # loadgen.prepare_level's measure
 
 
 class _Counted:
@@ -60,7 +60,7 @@ async def run_level(
     """The level as `measure` runs it; with the scenario's `parity:` and its `prompts`, also its
     parity prompts alone, then mid-load (PerfResult.parity)."""
     if scenario.parity is None or not prompts:
-        return await measure(stream, None)
+        return await measure(stream)
     solo = [await complete(p) for p in prompts]  # one at a time: nothing else on the engine
     counted = _Counted(stream)
     due = min(scenario.num_requests - 1, int(scenario.num_requests * scenario.parity.at))
@@ -71,7 +71,7 @@ async def run_level(
             sent.append(asyncio.create_task(_under_load(counted, complete, prompts)))
 
     try:
-        result = await measure(counted.stream, on_send)
+        result = await measure(counted.stream, on_send=on_send)
         loaded = await sent[0]
     finally:
         for task in sent:

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import statistics
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from actors.arrivals import scenario_schedule
 from fleet.contracts.engine import Chunk, EngineStats, PerfResult
 
 if TYPE_CHECKING:
@@ -65,6 +67,11 @@ def level_seed(scenario: Scenario, level: int) -> int:
     return scenario.seed + 7919 * level
 
 
+def _measured_count(scenario: Scenario) -> int:
+    """Measured requests of one level: num_requests per run, a sweep's runs each with fresh prompts."""
+    return scenario.num_requests * (scenario.sweep.runs if scenario.sweep else 1)
+
+
 def prompt_ids(
     scenario: Scenario, tokenizer: Any, prompts: Sequence[str | Prompt] | None = None, *, level: int
 ) -> tuple[list[list[int]], list[list[int]]]:
@@ -75,13 +82,13 @@ def prompt_ids(
     seed = level_seed(scenario, level)
     if scenario.input_tokens is not None:
         length = scenario.input_tokens
-        measured = synthetic_prompts(tokenizer, n=scenario.num_requests, length=length, seed=seed)
+        measured = synthetic_prompts(tokenizer, n=_measured_count(scenario), length=length, seed=seed)
     else:
         if not prompts:
             msg = f"scenario {scenario.name!r} uses prompt set {scenario.prompt_set!r}: pass its prompts"
             raise ValueError(msg)
         encoded = [encode(tokenizer, p) for p in prompts]
-        measured = [encoded[i % len(encoded)] for i in range(scenario.num_requests)]
+        measured = [encoded[i % len(encoded)] for i in range(_measured_count(scenario))]
         length = int(statistics.median(len(ids) for ids in encoded))
     warmup = synthetic_prompts(tokenizer, n=scenario.warmup_requests, length=length, seed=seed + 1_000_003)
     return measured, warmup
@@ -106,15 +113,17 @@ def prepare_level(
     *,
     tokenizer: Any,
     max_model_len: int | None,
-) -> Callable[[Stream, OnSend | None], Coroutine[Any, Any, PerfResult]]:
+) -> Callable[..., Coroutine[Any, Any, PerfResult]]:
     """Tokenize one level's prompts and check them against the context now, before anything is
-    sent; return `measure(stream, on_send)`, which runs the level on the engine's stream (`measure_level`)."""
+    sent; return `measure(stream, send=None, on_send=None)`, which runs the level (`measure_level`)."""
     measured, warmup = prompt_ids(scenario, tokenizer, prompts, level=level)
     if max_model_len:
         check_fits(scenario, measured + warmup, max_model_len)
     model, target = engine.model, engine.args.name
 
-    def measure(stream: Stream, on_send: OnSend | None = None) -> Coroutine[Any, Any, PerfResult]:
+    def measure(
+        stream: Stream | None, send: Send | None = None, on_send: OnSend | None = None
+    ) -> Coroutine[Any, Any, PerfResult]:
         return measure_level(
             stream,
             scenario,
@@ -124,6 +133,7 @@ def prepare_level(
             model=model.name,
             model_weights=model.weights,
             target=target,
+            send=send,
             on_send=on_send,
         )
 
@@ -136,10 +146,13 @@ def _now() -> float:
 
 
 @dataclass
-class _Timing:
+class Timing:
+    """One request as the client saw it, in seconds from the run's start (all clients share it)."""
+
     index: int
     scheduled: float
     n_prompt: int
+    ready: float = 0.0  # when it could go: due, and a slot free
     sent: float | None = None
     ended: float | None = None
     first: float | None = None
@@ -149,9 +162,34 @@ class _Timing:
     itl: list[float] = field(default_factory=list)
     stats: EngineStats | None = None
     error: str | None = None
+    client: int = 0
+
+    def shifted(self, origin: float) -> Timing:
+        """The same timing with every clock reading taken from `origin`."""
+
+        def at(x: float | None) -> float | None:
+            return None if x is None else x - origin
+
+        moved = dataclasses.replace(self, scheduled=self.scheduled - origin, ready=self.ready - origin)
+        moved.sent, moved.ended, moved.first, moved.last = (
+            at(x) for x in (self.sent, self.ended, self.first, self.last)
+        )
+        return moved
 
 
-async def _one(stream: Stream, ids: list[int], max_tokens: int, t: _Timing) -> None:
+@dataclass
+class Sent:
+    """One run of a level: its requests' timings (from its start), when it started (wall clock), and
+    the CPU seconds the client's event-loop thread spent on it (the busiest client's, when several)."""
+
+    timings: list[Timing]
+    started_at: float
+    client_cpu_s: float
+    clients: int = 1
+    hostname: str | None = None  # the clients' nodes; None: this one
+
+
+async def _one(stream: Stream, ids: list[int], max_tokens: int, t: Timing) -> None:
     t.sent = _now()
     async with contextlib.aclosing(stream(ids, max_tokens)) as chunks:
         async for chunk in chunks:
@@ -170,48 +208,33 @@ async def _one(stream: Stream, ids: list[int], max_tokens: int, t: _Timing) -> N
             t.n_chunks += 1
 
 
-def _gap(rng: random.Random, rate: float, burstiness: float) -> float:
-    """The time to the next arrival: vLLM's --burstiness, a gamma of shape `burstiness` and scale
-    1 / (rate * burstiness) (mean 1 / rate); at 1, the exponential gap of a Poisson process, drawn
-    as before so that a seed keeps its schedule."""
-    return rng.expovariate(rate) if burstiness == 1 else rng.gammavariate(burstiness, 1 / (rate * burstiness))
-
-
-def arrivals(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
-    """Seconds from a level's start at which each of `n` requests is due: seeded gaps (`_gap`),
-    summed, then scaled so the last is due at n / rate, as vLLM's serving benchmark does
-    (vllm/benchmarks/serve.py `get_request`): every seed then offers the same mean rate, so
-    throughput figures compare across seeds and with `vllm bench serve`."""
-    rng, total, out = random.Random(seed), 0.0, []
-    for _ in range(n):
-        total += _gap(rng, rate, burstiness)
-        out.append(total)
-    scale = (n / rate) / total if total > 0 else 1.0
-    return [t * scale for t in out]
-
-
-async def _schedule(
+async def send(
     stream: Stream,
     prompts: list[list[int]],
     max_tokens: int,
     *,
     level: int,
-    rate: float | None,
-    seed: int,
-    burstiness: float = 1.0,
+    offsets: list[float] | None,
+    indices: Sequence[int] | None = None,
+    start_at: float | None = None,
+    client: int = 0,
     on_send: OnSend | None = None,
-) -> tuple[float, float, list[_Timing]]:
-    """Send `prompts` with at most `level` in flight: (start on perf_counter, on the wall clock, timings)."""
-    start, started_at = _now(), time.time()
+) -> Sent:
+    """Send `prompts` with at most `level` in flight, each due at its `offsets` entry (seconds from
+    the start; None: a closed loop, each due when a slot frees). `indices` number the requests (default
+    0..n-1); `start_at` (wall clock) is a start shared with other clients (default: now); `on_send(i)`
+    as the i-th is sent."""
+    if start_at is not None:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+    cpu0, start, started_at = time.thread_time(), _now(), time.time() if start_at is None else start_at
     # Every slot remembers when it became free: in a closed loop that is when the next request is due.
     free_at: asyncio.Queue[float] = asyncio.Queue()
     for _ in range(level):
         free_at.put_nowait(start)
-    timings: list[_Timing] = []
+    timings: list[Timing] = []
     tasks: list[asyncio.Task[None]] = []
-    offsets = arrivals(len(prompts), rate, burstiness, seed) if rate is not None else []
 
-    async def run(ids: list[int], t: _Timing) -> None:
+    async def run(ids: list[int], t: Timing) -> None:
         try:
             await _one(stream, ids, max_tokens, t)
         except Exception as e:  # noqa: BLE001  (a failed request is a row, not the end of the level)
@@ -221,21 +244,35 @@ async def _schedule(
             free_at.put_nowait(t.ended)
 
     for i, ids in enumerate(prompts):
-        due = start + offsets[i] if rate is not None else start
-        if rate is not None:
+        due = start + offsets[i] if offsets is not None else start
+        if offsets is not None:
             await asyncio.sleep(max(0.0, due - _now()))
         freed = await free_at.get()
-        t = _Timing(index=i, scheduled=due if rate is not None else freed, n_prompt=len(ids))
+        index = indices[i] if indices is not None else i
+        t = Timing(index=index, scheduled=due if offsets is not None else freed, n_prompt=len(ids), client=client)
+        t.ready = max(due, freed)
         timings.append(t)
         tasks.append(asyncio.create_task(run(ids, t)))
         if on_send is not None:
             on_send(i)
     await asyncio.gather(*tasks)
-    return start, started_at, timings
+    return Sent([t.shifted(start) for t in timings], started_at, time.thread_time() - cpu0)
+
+
+Send = Callable[[list[list[int]], "list[float] | None", int, int], Awaitable[Sent]]
+
+
+def local(stream: Stream, *, on_send: OnSend | None = None) -> Send:
+    """A `Send` that runs in this process on `stream` (actors/load_clients.py spreads one over actors)."""
+
+    def run(prompts: list[list[int]], offsets: list[float] | None, level: int, max_tokens: int) -> Awaitable[Sent]:
+        return send(stream, prompts, max_tokens, level=level, offsets=offsets, on_send=on_send)
+
+    return run
 
 
 async def measure_level(
-    stream: Stream,
+    stream: Stream | None,
     scenario: Scenario,
     level: int,
     *,
@@ -244,33 +281,37 @@ async def measure_level(
     model: str,
     model_weights: str,
     target: str,
+    send: Send | None = None,
     on_send: OnSend | None = None,
 ) -> PerfResult:
     """Warm up (unrecorded, closed loop), then send `prompts` on the scenario's schedule at `level`
-    (`on_send(i)` as the i-th is sent)."""
+    (a sweep: several runs, actors/sweep.py), on `stream` in this process or through `send`
+    (several client processes, actors/load_clients.py); `on_send(i)` as the i-th measured request is
+    sent (in this process only: parity under load rides one client's event loop)."""
+    from actors import sweep
+
+    if send is not None and on_send is not None:
+        msg = f"scenario {scenario.name!r}: parity under load needs the load sent from the engine's actor (clients: 1)"
+        raise ValueError(msg)
+    if send is None:
+        assert stream is not None, "measure_level needs a stream or a send"
+        send = local(stream)
+    run = send
+    measured_run = run if on_send is None or stream is None else local(stream, on_send=on_send)
     out = scenario.output_tokens
-    *_, warm = await _schedule(stream, warmup, out, level=level, rate=None, seed=scenario.seed)
+    warm = (await run(warmup, None, level, out)).timings
     if failed := [t.error for t in warm if t.error]:
         msg = f"scenario {scenario.name!r} level {level}: warm-up request failed: {failed[0]}"
         raise RuntimeError(msg)
-    start, started_at, timings = await _schedule(
-        stream,
-        prompts,
-        out,
-        level=level,
-        rate=scenario.request_rate,
-        seed=scenario.seed,
-        burstiness=scenario.burstiness,
-        on_send=on_send,
-    )
-    wall = max((t.ended or start for t in timings), default=start) - start
     keys = {"model": model, "model_weights": model_weights, "target": target, "scenario": scenario.name, "level": level}
-    return _tables(keys, scenario, start, started_at, wall, timings)
+    if scenario.sweep is not None:
+        return await sweep.search(measured_run, scenario, level, prompts=prompts, keys=keys)
+    sent = await measured_run(prompts, scenario_schedule(scenario, len(prompts)), level, out)
+    return tables(keys, scenario.request_rate, sent)
 
 
-def _tables(
-    keys: dict[str, Any], scenario: Scenario, start: float, started_at: float, wall: float, timings: list[_Timing]
-) -> PerfResult:
+def tables(keys: dict[str, Any], rate: float | None, sent: Sent, *, probe: int = 0) -> PerfResult:
+    """The perf_requests rows and the perf_levels row of one run of a level."""
     import datetime as dt
     import socket
 
@@ -281,6 +322,7 @@ def _tables(
     def since(x: float | None, origin: float | None) -> float | None:
         return None if x is None or origin is None else x - origin
 
+    timings = sorted(sent.timings, key=lambda t: t.index)  # times are from the run's start
     rows = []
     for t in timings:
         s = t.stats or EngineStats()
@@ -289,11 +331,13 @@ def _tables(
             keys
             | {
                 "request_index": t.index,
-                "scheduled_s": t.scheduled - start,
-                "sent_s": since(t.sent, start),
+                "scheduled_s": t.scheduled,
+                "sent_s": t.sent,
                 "queue_delay_s": since(t.sent, t.scheduled),
                 "ttft_s": since(t.first, t.sent) if done else None,
-                "tpot_s": (t.last - t.first) / (t.n_out - 1) if done and t.first and t.last and t.n_out > 1 else None,
+                "tpot_s": (t.last - t.first) / (t.n_out - 1)
+                if done and t.first is not None and t.last is not None and t.n_out > 1
+                else None,
                 "e2e_s": since(t.last, t.sent) if done else None,
                 "itl_s": t.itl if done else None,
                 "n_prompt_tokens": t.n_prompt,
@@ -303,15 +347,21 @@ def _tables(
                 "engine_ttft_s": s.ttft_s,
                 "engine_tpot_s": s.tpot_s,
                 "error": t.error,
+                "probe": probe,
+                "send_lag_s": since(t.sent, t.ready),
+                "client": t.client,
             }
         )
     level_row = keys | {
-        "request_rate": scenario.request_rate,
+        "request_rate": rate,
         "n_requests": len(timings),
         "n_errors": sum(t.error is not None for t in timings),
-        "started_at": dt.datetime.fromtimestamp(started_at, tz=dt.UTC),
-        "wall_s": wall,
-        "hostname": socket.gethostname(),
+        "started_at": dt.datetime.fromtimestamp(sent.started_at, tz=dt.UTC),
+        "wall_s": max((t.ended or 0.0 for t in timings), default=0.0),  # first due to last done
+        "hostname": sent.hostname or socket.gethostname(),
+        "probe": probe,
+        "clients": sent.clients,
+        "client_cpu_s": sent.client_cpu_s,
     }
     requests = pa.Table.from_pylist(rows, schema=schema.PERF_REQUESTS) if rows else schema.PERF_REQUESTS.empty_table()
     return PerfResult(requests, pa.Table.from_pylist([level_row], schema=schema.PERF_LEVELS))

@@ -241,6 +241,15 @@ class OpenAIEngine(Engine):
         tokenizer, max_len = self.tokenizer, self.max_model_len
         measure = prepare_level(self, scenario, level, prompts, tokenizer=tokenizer, max_model_len=max_len)
 
+        if scenario.clients > 1:  # several client processes, each with its own session
+            from actors.load_clients import spread
+
+            send, clients = spread(self.http, scenario.clients, client_cpus=scenario.client_cpus)
+            try:
+                return asyncio.run(measure(None, send))
+            finally:
+                clients.close()
+
         async def run() -> PerfResult:
             async with self.http.session(0) as session:  # 0: no connection cap, the level is the cap
 

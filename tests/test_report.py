@@ -43,6 +43,12 @@ VARIANTS = {
     "v.eager-false": {"base": "v", "settings": {"enforce_eager": False}},
 }
 EXPECTED = {"p2": json.dumps({"contains": "t8"})}  # the reference and SAME answer t8, DIVERGED t3
+PERF_SCENARIOS = [
+    {"name": "decode", "concurrency": [1, 4], "input_tokens": 8, "output_tokens": 4, "num_requests": 4,
+     "warmup_requests": 0},
+    {"name": "capacity", "concurrency": [4], "input_tokens": 8, "output_tokens": 4, "num_requests": 4,
+     "warmup_requests": 0, "slo": {"e2e_s": 0.5}, "sweep": {"floor_rps": 1.0, "min_share": 0.9, "steps": 1}},
+]  # fmt: skip
 GATES = [
     {"metric": "seq_match_rate", "op": ">=", "threshold": 1.0},  # DIVERGED fails it
     {"metric": "first_top1_agreement", "op": ">=", "threshold": 1.0},
@@ -57,7 +63,7 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
     candidates["cand.repeat-2"] = candidates["cand"]  # `repeat: 2`: the candidate run again
     run = write_run(run_dir, candidates, expected=EXPECTED, **kwargs)
     store = RunStore(run)
-    extra = {"variants": VARIANTS, "repeats": {"cand.repeat-2": "cand"}}
+    extra = {"variants": VARIANTS, "repeats": {"cand.repeat-2": "cand"}, "perf": PERF_SCENARIOS}
     store.update_info(manifest_resolved=store.info()["manifest_resolved"] | extra)
     weights = {"model": "m", "model_weights": "0123456789abcdef"}
     for level, wall_s in ((1, 2.0), (4, 1.0)):
@@ -67,6 +73,13 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
         store.write("perf_requests", shard, _table(schema.PERF_REQUESTS, perf))
         level_row = key | {"wall_s": wall_s, "n_requests": 4, "n_errors": 0, "hostname": "node-1"}
         store.write("perf_levels", shard, _table(schema.PERF_LEVELS, [level_row]))
+    # A sweep at level 4: the closed loop (E2E 0.8 s) and 2.5 req/s (0.6 s) miss the 0.5 s SLO, 1 req/s meets it.
+    for probe, rate, e2e in ((0, None, 0.8), (1, 1.0, 0.2), (2, 2.5, 0.6)):
+        key = weights | {"target": "cand", "scenario": "capacity", "level": 4, "probe": probe}
+        perf = [_request(i, 0.1, [0.02] * 3, e2e) | key for i in range(4)]
+        store.write("perf_requests", f"m/cand/capacity/00004-{probe}", _table(schema.PERF_REQUESTS, perf))
+        level_row = key | {"request_rate": rate, "wall_s": 2.0, "n_requests": 4, "n_errors": 0, "hostname": "node-1"}
+        store.write("perf_levels", f"m/cand/capacity/00004-{probe}", _table(schema.PERF_LEVELS, [level_row]))
     smoke = [
         {"check": "completions", "passed": True, "status": 200, "latency_s": 0.05},
         {"check": "chat/completions", "passed": False, "status": 500, "latency_s": 0.07, "error": "HTTP 500: a | b"},
@@ -150,6 +163,7 @@ def test_every_section_in_every_format(full: RunReport) -> None:
         "accuracy": ["-100"],
         "throughput": ["0.0199"],
         "scenarios": ["decode", "1000", "416"],  # prefill tok/s at 1, total tok/s at 4
+        "sweeps": ["capacity", "2.5", "cand / capacity @ 4: 1 req/s"],
         "smoke": ["chat/completions", "HTTP 500: a | b"],
         "logits": [logits_cos],
         "layers": ["decoder", "0.02"],
@@ -246,7 +260,7 @@ def test_absent_sections_say_so(tmp_path: Path) -> None:
     assert "Perf: the parity runs" in text.render(report)
     for fmt, (document, ends) in rendered(report).items():
         by_title = {s.key: s.title for s in sections(report).values()}
-        for key in ("accuracy", "scenarios", "smoke", "logits", "layers", "matrix", "noise_floor"):
+        for key in ("accuracy", "scenarios", "sweeps", "smoke", "logits", "layers", "matrix", "noise_floor"):
             assert NOT_MEASURED in chunk(document, by_title[key], ends=ends), (fmt, key)
         assert "No gates configured: no verdict." in chunk(document, by_title["gates"], ends=ends), fmt
         assert "m: config.json not readable from here." in document
@@ -265,9 +279,10 @@ def test_one_colour_per_target_in_every_plot(full: RunReport) -> None:
         colours
     )
     assert len({full.colors[t] for t in ("ref", "cand", "v.eager-true", "v.eager-false")}) == 4
-    # cand is in every plot: scatter, drift, divergence, 2 latency CDFs, the concurrency sweep, parity vs
-    # load (TF p99 and real divergences), 2 layer curves, the drill-down's curve.
-    assert sum(label == "cand" for _, label in legend) == 11
+    # cand is in every plot: scatter, drift, divergence, 2 latency CDFs, 2 concurrency sweeps (decode and
+    # capacity's closed loop), the rate sweep, parity vs load (TF p99 and real divergences), 2 layer
+    # curves, the drill-down's curve.
+    assert sum(label == "cand" for _, label in legend) == 13
 
 
 def test_cli_report_writes_every_format_and_exits_on_gates(
@@ -325,7 +340,7 @@ def test_perf_gates_name_their_scenario_and_level(tmp_path: Path) -> None:
     run = write_full_run(tmp_path / "run")
     measured = RunReport.build(run, gates=[]).scenarios
     assert measured is not None
-    at4 = measured.filter((pl.col("target") == "cand") & (pl.col("level") == 4))["output_tok_s"].item()
+    at4 = measured.filter(target="cand", scenario="decode", level=4)["output_tok_s"].item()
     spec = {"metric": "perf_output_tok_s", "op": ">=", "scenario": "decode", "level": 4, "targets": ["cand"]}
     passing = Gate.model_validate(spec | {"threshold": 0.97, "baseline": {"cand": at4}})
     failing = Gate.model_validate(spec | {"threshold": 0.97, "baseline": {"cand": at4 * 1.1}})

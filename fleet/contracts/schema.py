@@ -250,6 +250,13 @@ _PERF_KEYS = [
     pa.field("level", pa.int32(), nullable=False, metadata={"doc": "concurrency: requests in flight at most"}),
 ]
 
+# A sweep (Scenario.sweep) runs a level several times; the rows of each run carry its probe number.
+_PROBE = pa.field(
+    "probe",
+    pa.int32(),
+    metadata={"doc": "run within the level: 0 (or null) its only run or a sweep's closed loop, 1.. a sweep's probes"},
+)
+
 PERF_REQUESTS = _schema(
     "perf_requests",
     [
@@ -269,8 +276,12 @@ PERF_REQUESTS = _schema(
         pa.field("engine_ttft_s", pa.float64(), metadata={"doc": "engine: scheduled to first token"}),
         pa.field("engine_tpot_s", pa.float64(), metadata={"doc": "engine: (last - first token) / (n - 1)"}),
         pa.field("error", pa.string(), metadata={"doc": "why the request failed; null if it completed"}),
+        _PROBE,
+        pa.field("send_lag_s", pa.float64(), metadata={"doc": "sent - when it could go (due, and a slot free): "
+            "the client behind its own schedule"}),
+        pa.field("client", pa.int32(), metadata={"doc": "client process that sent it (0.. of the scenario's clients)"}),
     ],
-)
+)  # fmt: skip
 
 PERF_LEVELS = _schema(
     "perf_levels",
@@ -282,8 +293,12 @@ PERF_LEVELS = _schema(
         pa.field("started_at", pa.timestamp("us", tz="UTC"), metadata={"doc": "level start (wall clock)"}),
         pa.field("wall_s", pa.float64(), metadata={"doc": "level start to the last request done"}),
         pa.field("hostname", pa.string(), metadata={"doc": "node that ran the load generator"}),
+        _PROBE,
+        pa.field("clients", pa.int32(), metadata={"doc": "client processes that sent the load (null: 1)"}),
+        pa.field("client_cpu_s", pa.float64(), metadata={"doc": "CPU seconds of the client's event-loop thread "
+            "over the level (the busiest client's)"}),
     ],
-)
+)  # fmt: skip
 
 SMOKE = _schema(
     "smoke",
@@ -342,8 +357,14 @@ PERF_SUMMARY = _schema(
             "engine_ttft_mean_s", pa.float64(), metadata={"doc": "engine: mean scheduled to first token, seconds"}
         ),
         pa.field("engine_tpot_mean_s", pa.float64(), metadata={"doc": "engine: mean TPOT, seconds"}),
+        pa.field("probe", pa.int32(), metadata={"doc": "run within the level: 0 its only run or a sweep's closed "
+            "loop, 1.. a sweep's rate probes"}),
+        pa.field("send_lag_p99_s", pa.float64(), metadata={"doc": "p99 of sent - when it could go, seconds"}),
+        pa.field("client_cpu_share", pa.float64(), metadata={"doc": "client event-loop CPU s / wall_s (1: a core)"}),
+        pa.field("client_bound", pa.bool_(), metadata={"doc": "the client, not the target, may have set the "
+            "pace: send_lag_p99_s > 0.025 or client_cpu_share > 0.9"}),
     ],
-)
+)  # fmt: skip
 
 PERF_TABLES: dict[str, pa.Schema] = {
     "perf_requests": PERF_REQUESTS,

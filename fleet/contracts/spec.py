@@ -179,6 +179,16 @@ class Slo(Strict):
     )
     e2e_s: float | None = Field(None, gt=0, le=86400, description="Send to last token, seconds, at most.")
 
+    def met(self, row: dict[str, Any]) -> bool:
+        """Whether one perf_requests row meets every limit: the rule fleet/analysis/perf.py applies to a
+        whole table (a sweep judges its probes with it as it runs, actors/sweep.py)."""
+        if row.get("error") is not None:
+            return False
+        values: dict[str, float | None] = {"ttft_s": row.get("ttft_s"), "tpot_s": row.get("tpot_s") or 0.0}
+        values["e2e_s"] = row.get("e2e_s")
+        limits = {"ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s}
+        return all(limit is None or ((v := values[k]) is not None and v <= limit) for k, limit in limits.items())
+
     @model_validator(mode="after")
     def _some_limit(self) -> Slo:
         if self.ttft_s is None and self.tpot_s is None and self.e2e_s is None:
@@ -204,6 +214,41 @@ class LoadParity(Strict):
     )
 
 
+class Ramp(Strict):
+    """A request rate that grows over a level, as vLLM's `--ramp-up-strategy` (actors/arrivals.py)."""
+
+    strategy: Literal["linear", "exponential"] = Field(
+        description="Request i's rate: start + (end - start) p (linear) or start (end / start)^p "
+        "(exponential), p = i / (n - 1)."
+    )
+    start_rps: float = Field(gt=0, le=MAX_COUNT, description="Rate of the first request, req/s.")
+    end_rps: float = Field(gt=0, le=MAX_COUNT, description="Rate of the last request, req/s (at least start_rps).")
+
+    @model_validator(mode="after")
+    def _rises(self) -> Ramp:
+        if self.end_rps < self.start_rps:
+            msg = f"end_rps ({self.end_rps:g}) must be at least start_rps ({self.start_rps:g})"
+            raise ValueError(msg)
+        return self
+
+
+class Sweep(Strict):
+    """Find the highest request rate that still meets the SLO: a closed loop at the level measures
+    the most the target serves, then open-loop probes bisect between `floor_rps` and that rate."""
+
+    floor_rps: float = Field(gt=0, le=MAX_COUNT, description="The lowest rate probed, req/s.")
+    min_share: float = Field(
+        0.9, gt=0, le=1, description="A rate meets the SLO when at least this share of its requests do (slo_share)."
+    )
+    steps: int = Field(4, ge=1, le=20, description="Bisection probes after the floor: the answer is within "
+        "(max - floor) / 2^steps of the highest passing rate.")  # fmt: skip
+
+    @property
+    def runs(self) -> int:
+        """Runs of a level: the closed loop, the floor, then the bisection steps (fewer when one decides)."""
+        return 2 + self.steps
+
+
 class Scenario(Strict):
     """A load pattern run at each concurrency level: what is sent, how much comes back, how often."""
 
@@ -221,7 +266,11 @@ class Scenario(Strict):
     num_requests: int = Field(ge=1, le=MAX_COUNT, description="Measured requests per level.")
     warmup_requests: int = Field(4, ge=0, le=MAX_COUNT, description="Unrecorded requests sent first at each level.")
     request_rate: float | None = Field(
-        None, gt=0, le=MAX_COUNT, description="Poisson arrivals per second, capped by the level; unset: closed loop."
+        None,
+        gt=0,
+        le=MAX_COUNT,
+        description="Open loop: arrivals per second (see arrival, burstiness), capped by the level; unset (and no "
+        "ramp, no sweep): closed loop.",
     )
     burstiness: float = Field(
         1.0,
@@ -229,6 +278,31 @@ class Scenario(Strict):
         le=1000,
         description="With request_rate: gamma-distributed gaps of this shape, mean 1/request_rate (vLLM's "
         "--burstiness): 1 is Poisson, below 1 burstier, above 1 more even.",
+    )
+    arrival: Literal["random", "constant"] = Field(
+        "random",
+        description="With request_rate or ramp: random gaps (gamma of shape burstiness, 1: Poisson), or "
+        "evenly spaced ones, 1/rate each (vLLM's --burstiness inf).",
+    )
+    ramp: Ramp | None = Field(
+        None, description="Instead of request_rate: a rate that grows from request to request (vLLM's ramp-up)."
+    )
+    sweep: Sweep | None = Field(
+        None, description="Search each level for the highest rate meeting the slo (needs slo; no request_rate, ramp)."
+    )
+    clients: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Client processes sending the load (Ray actors, spread over nodes), each every k-th arrival "
+        "of one schedule; above 1 only for targets other processes reach (vllm-server, endpoint).",
+    )
+    client_cpus: float = Field(
+        1.0,
+        ge=0,
+        le=1024,
+        description="With clients above 1: CPUs each client actor reserves in Ray (1: the core one client can "
+        "use; 0 on a machine whose cores the target holds).",
     )
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed for synthetic prompts and arrival times.")
     targets: list[str] | None = Field(
@@ -246,8 +320,18 @@ class Scenario(Strict):
         if (self.input_tokens is None) == (self.prompt_set is None):
             msg = "set exactly one of input_tokens (synthetic prompts) and prompt_set"
             raise ValueError(msg)
+        if self.ramp is not None and self.request_rate is not None:
+            raise ValueError("set request_rate or ramp, not both (a ramp sets the rate of every request)")
+        if self.sweep is not None and (self.slo is None or self.request_rate is not None or self.ramp is not None):
+            raise ValueError("a sweep needs an slo and chooses the rates itself: set slo, unset request_rate and ramp")
         if any(not 1 <= c <= MAX_CONCURRENCY for c in self.concurrency):
             msg = f"concurrency levels must be from 1 to {MAX_CONCURRENCY} (got {self.concurrency})"
+            raise ValueError(msg)
+        if self.clients > 1 and self.parity is not None:
+            msg = "parity under load rides the engine's own client: set clients: 1 with parity"
+            raise ValueError(msg)
+        if self.clients > min(self.concurrency):
+            msg = f"clients ({self.clients}) must not exceed the lowest concurrency level ({min(self.concurrency)})"
             raise ValueError(msg)
         return self
 

@@ -122,7 +122,23 @@ SCENARIOS = {
     "e2e_p50_s": "E2E p50 s",
     "e2e_p90_s": "E2E p90 s",
     "e2e_p99_s": "E2E p99 s",
-    "queue_delay_max_s": "send lag max s",
+    "queue_delay_max_s": "queue delay max s",
+    "send_lag_p99_s": "send lag p99 s",
+    "client_cpu_share": "client CPU",
+    "client_bound": "client-bound",
+}
+SWEEPS = {
+    "model": "model",
+    "target": "target",
+    "scenario": "scenario",
+    "level": "concurrency",
+    "probe": "probe",
+    "offered_rps": "offered req/s",
+    "qps": "served req/s",
+    "goodput_qps": "goodput req/s",
+    "slo_share": "met SLO",
+    "meets": "meets",
+    "best_rps": "best req/s",
 }
 LOAD_PARITY = {
     "model": "model",

@@ -55,6 +55,7 @@ PLOTTED = [
     "throughput",
     "scenarios",
     "load_parity",
+    "sweeps",
     "layers",
     "drilldown",
 ]  # sections with plots
@@ -142,6 +143,8 @@ def _plots(report: RunReport, key: str) -> list[str]:
         return plots.throughput_vs_concurrency(report.scenarios, colors)
     if key == "load_parity" and report.load_parity is not None:
         return plots.parity_vs_load(report.load_parity, colors)
+    if key == "sweeps" and report.sweeps is not None:
+        return plots.sweep_curves(report.sweeps, colors)
     if key == "layers" and report.layers is not None:
         return [plots.layer_errors(report.layers, colors, metric=m) for m in ("rel_l2", "cosine")]
     if key == "drilldown":

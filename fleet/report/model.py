@@ -27,6 +27,7 @@ from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.analysis.perf import summary as perf_summary
+from fleet.analysis.perf import sweep_curve
 from fleet.contracts.gates import PERF_COLUMNS, Gate, perf_key
 from fleet.report.svg import PALETTE
 from fleet.results import reader
@@ -71,6 +72,7 @@ class RunReport:
     architecture: dict[str, dict[str, Any]]  # model -> config.json fields and parameter count ({}: unreadable)
     notices: list[str]
     colors: dict[str, str]  # target -> plot colour, the same in every plot
+    sweeps: pl.DataFrame | None = None  # fleet.analysis.perf.sweep_curve; None: no scenario sweeps
 
     @classmethod
     def build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None = None, top: int = 20) -> RunReport:
@@ -99,6 +101,9 @@ class RunReport:
         else:  # a run written before prompt_stats: the same figures from its token rows
             parity, first, per_prompt, seqs = _from_tokens(requests, tokens, ref, spec)
         sequences = _worst_sequences(texts, ref, seqs, per_prompt, top)
+        # One row per run of a level; a sweep's probes (probe > 0) go to its own section, not the levels'.
+        runs = perf_summary(t["perf_requests"], t["perf_levels"], _slos(info)) if t["perf_levels"].height else None
+        swept = {s["name"]: s["sweep"]["min_share"] for s in info.perf if s.get("sweep")}
         report = cls(
             run_dir=run_dir,
             info=info,
@@ -113,9 +118,7 @@ class RunReport:
             shown=_shown(first, sequences),
             accuracy=accuracy if accuracy.height else None,
             throughput=analysis.throughput(requests, t["shards"]),
-            scenarios=perf_summary(t["perf_requests"], t["perf_levels"], _slos(info))
-            if t["perf_levels"].height
-            else None,
+            scenarios=runs.filter(pl.col("probe") == 0) if runs is not None else None,
             smoke=t["smoke"] if t["smoke"].height else None,
             load_parity=_load_parity(t, requests, tokens, ref, spec, parity),
             logits=probes.logits_summary(probes.logits_errors(t["logits"], ref)) if t["logits"].height else None,
@@ -128,6 +131,7 @@ class RunReport:
             architecture={m: architecture(info, m) for m in _models(info, requests)},
             notices=notices(info, requests),
             colors=_colors(info, t | {"tokens": requests.select("target")}),
+            sweeps=sweep_curve(runs, swept) if runs is not None and swept else None,
         )
         gates = gate_mod.from_info(info) if gates is None else list(gates)
         verdicts = report.evaluate(gates) if gates else None

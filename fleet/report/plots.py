@@ -210,3 +210,15 @@ def parity_vs_load(levels: pl.DataFrame, colors: Colors) -> list[str]:
                 svg.lines(series, title=title, x_label="concurrent requests", y_label=y_label, colors=label_colors)
             )
     return out
+
+
+def sweep_curves(sweeps: pl.DataFrame, colors: Colors) -> list[str]:
+    """Goodput req/s against the offered rate, one plot per swept scenario and level (perf.sweep_curve)."""
+    out = []
+    for (scenario, level), part in sweeps.partition_by("scenario", "level", as_dict=True, maintain_order=True).items():
+        series, label_colors = _series(part.sort("offered_rps"), "offered_rps", "goodput_qps", colors)
+        title = f"Goodput vs offered rate: {scenario} at concurrency {level}"
+        out.append(
+            svg.lines(series, title=title, x_label="offered req/s", y_label="goodput req/s", colors=label_colors)
+        )
+    return out

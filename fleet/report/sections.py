@@ -10,7 +10,7 @@ from typing import Any
 
 import polars as pl
 
-from fleet.analysis import consistency
+from fleet.analysis import consistency, perf
 from fleet.report import columns, drilldown
 from fleet.report.blocks import SECTIONS, Block, Section, SectionSpec, Table, register
 from fleet.report.model import NO_VERDICT, RunReport
@@ -59,7 +59,29 @@ def _throughput(r: RunReport, spec: SectionSpec) -> list[Block]:
           columns=columns.SCENARIOS)  # fmt: skip
 def _scenarios(r: RunReport, spec: SectionSpec) -> list[Block]:
     blocks = spec.table(r.scenarios)
-    return [*blocks, conditions(r.info)] if blocks else []
+    return [*blocks, conditions(r.info), *client_bound(r.scenarios)] if blocks else []
+
+
+@register("sweeps", "Rate sweeps: the highest request rate meeting the SLO", chapter=PERFORMANCE,
+          columns=columns.SWEEPS)  # fmt: skip
+def _sweeps(r: RunReport, spec: SectionSpec) -> list[Block]:
+    blocks = spec.table(r.sweeps)
+    if not blocks or r.sweeps is None:
+        return []
+    best = r.sweeps.group_by("model", "target", "scenario", "level", maintain_order=True).agg(
+        pl.col("best_rps").first()
+    )
+    lines = [
+        f"{row['target']} / {row['scenario']} @ {row['level']}: "
+        + ("no probed rate met the SLO" if row["best_rps"] is None else f"{row['best_rps']:.4g} req/s")
+        for row in best.iter_rows(named=True)
+    ]
+    note = (
+        "Probe 0 is a closed loop at the level (offered = served: the most the target serves), then the floor, "
+        "then bisection; a rate meets the SLO when its share of requests meeting it reaches the scenario's "
+        "min_share. Highest passing rate per level: "
+    )
+    return [*blocks, note + "; ".join(lines)]
 
 
 @register("load_parity", "Parity vs load (the parity prompts mid-load at each level, vs reference and vs alone)",
@@ -259,10 +281,34 @@ def conditions(info: RunInfo) -> list[str]:
 
 
 def _arrivals(scenario: dict[str, Any]) -> str:
-    rate, shape = scenario.get("request_rate"), scenario.get("burstiness", 1.0)
+    rate, shape, ramp, sweep = (scenario.get(k) for k in ("request_rate", "burstiness", "ramp", "sweep"))
+    gaps = "evenly spaced" if scenario.get("arrival") == "constant" else (
+        "Poisson" if shape in (None, 1) else f"gamma gaps of burstiness {shape:g}"
+    )  # fmt: skip
+    clients = f", {scenario['clients']} client processes" if (scenario.get("clients") or 1) > 1 else ""
+    if sweep:
+        return f"a sweep from {sweep['floor_rps']:g}/s to the closed loop's rate, {gaps}{clients}"
+    if ramp:
+        how = f"{ramp['strategy']} ramp from {ramp['start_rps']:g}/s to {ramp['end_rps']:g}/s"
+        return f"arrivals on a {how}, {gaps}{clients}"
     if rate is None:
-        return "closed loop"
-    return f"arrivals at {rate:g}/s, " + ("Poisson" if shape == 1 else f"gamma gaps of burstiness {shape:g}")
+        return f"closed loop{clients}"
+    return f"arrivals at {rate:g}/s, {gaps}{clients}"
+
+
+def client_bound(scenarios: pl.DataFrame | None) -> list[Block]:
+    """A warning naming the levels whose client may have set the pace (fleet/analysis/perf.py's rule)."""
+    if scenarios is None or "client_bound" not in scenarios.columns:
+        return []
+    flagged = scenarios.filter(pl.col("client_bound").fill_null(False))
+    if flagged.is_empty():
+        return []
+    where = ", ".join(f"{t} / {s} @ {lv}" for t, s, lv in flagged.select("target", "scenario", "level").iter_rows())
+    return [
+        f"Client-bound (send lag p99 > {perf.CLIENT_LAG_S * 1000:g} ms or client CPU > "
+        f"{perf.CLIENT_CPU_SHARE:.0%} of a core): {where}. These figures may measure the load generator, not "
+        "the target: spread the load over more client processes (the scenario's clients) or nodes."
+    ]
 
 
 def _g(value: float | None, *, scale: float = 1.0) -> str:

@@ -39,6 +39,9 @@ from fleet.run.context import check_context
 from fleet.run.matrix import expand_targets
 from fleet.run.prompt_files import expand
 
+# Target kinds served over HTTP, which a scenario's client actors (Scenario.clients) can reach from any node.
+REMOTE_KINDS = ("vllm-server", "endpoint")
+
 
 def probe_capability(kind: ProbeKind) -> Capability:
     """The capability a target needs to run the `kind` probe."""
@@ -164,6 +167,15 @@ class Manifest(Strict):
             for name in scenario.targets or ():
                 if name not in targets or not targets[name].can("perf"):
                     msg = f"perf[{i}].targets: {name!r} is not a target of a kind that runs perf scenarios"
+                    raise ValueError(msg)
+            if scenario.clients > 1:  # the client actors reach the target over HTTP
+                names = scenario.targets or [t.name for t in self.targets if t.can("perf")]
+                if local := [n for n in names if targets[n].kind not in REMOTE_KINDS]:
+                    msg = (
+                        f"perf[{i}].clients: {scenario.clients} client processes need targets they can reach over "
+                        f"HTTP ({', '.join(REMOTE_KINDS)}); {', '.join(map(repr, local))} serve(s) in-process: "
+                        "name the scenario's targets, or set clients: 1"
+                    )
                     raise ValueError(msg)
         if self.reference in targets and not targets[self.reference].parity:
             msg = f"reference {self.reference!r} has parity: false; the reference must run the parity prompts"
