@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_perf import FakeTokenizer
 
 from actors import arrivals
 from actors.endpoint import EndpointEngine
@@ -19,7 +20,6 @@ from fleet.contracts.sources import PathSource
 from fleet.contracts.spec import ModelSpec, Sampling, Scenario
 from fleet.contracts.targets import EndpointArgs
 from fleet.run.manifest import Manifest
-from tests.test_perf import FakeTokenizer
 
 
 class Streaming(BaseHTTPRequestHandler):
