@@ -288,8 +288,8 @@ def test_perf_gates_name_their_scenario_and_level(tmp_path: Path) -> None:
     assert measured is not None
     at4 = measured.filter((pl.col("target") == "cand") & (pl.col("level") == 4))["output_tok_s"].item()
     spec = {"metric": "perf_output_tok_s", "op": ">=", "scenario": "decode", "level": 4, "targets": ["cand"]}
-    passing = Gate.model_validate(spec | {"threshold": 0.97, "baseline": {"cand": at4}})
-    failing = Gate.model_validate(spec | {"threshold": 0.97, "baseline": {"cand": at4 * 1.1}})
+    passing = Gate.model_validate(spec | {"ratio": 0.97, "baseline": {"cand": at4}})
+    failing = Gate.model_validate(spec | {"ratio": 0.97, "baseline": {"cand": at4 * 1.1}})
     absent = Gate.model_validate(spec | {"threshold": 0.0, "level": 8})
     verdicts = RunReport.build(run, gates=[passing, failing, absent]).verdicts
     assert verdicts is not None

@@ -49,17 +49,17 @@ def interval(
         c_sorted, t_sorted = _Sorted(cand, prompt), _Sorted(twin, prompt) if twin is not None else None
         ratios = []
         for _ in range(resamples):
-            drawn = np.bincount(rng.integers(0, n_prompts, n_prompts), minlength=n_prompts)
+            drawn = draw(rng, n_prompts)
             c = c_sorted.quantile(drawn, quantile)
             t = t_sorted.quantile(drawn, quantile) if t_sorted is not None else twin_p99
             ratios.append(c / (t * allowance) if t > 0 else np.inf)
     else:
         blocks = prompt % BLOCKS if n_prompts > BLOCKS else prompt
         units = min(n_prompts, BLOCKS)
-        draws = np.stack([np.bincount(rng.integers(0, units, units), minlength=units) for _ in range(resamples)])
-        c_q = _Binned(cand, blocks, units).quantiles(draws, quantile)
+        drawn = draws(rng, units, resamples)
+        c_q = _Binned(cand, blocks, units).quantiles(drawn, quantile)
         t_q = (
-            _Binned(twin, blocks, units).quantiles(draws, quantile)
+            _Binned(twin, blocks, units).quantiles(drawn, quantile)
             if twin is not None
             else np.full(resamples, twin_p99)
         )
@@ -67,6 +67,24 @@ def interval(
             ratios = list(np.where(t_q > 0, c_q / (t_q * allowance), np.inf))
     low, high = np.quantile(ratios, [0.025, 0.975])
     return float(low), float(high)
+
+
+def draw(rng: np.random.Generator, units: int) -> np.ndarray:
+    """One resample: how often each of `units` units (prompts, requests) is drawn in `units` draws
+    with replacement."""
+    return np.bincount(rng.integers(0, units, units), minlength=units)
+
+
+def draws(rng: np.random.Generator, units: int, resamples: int) -> np.ndarray:
+    """[resamples, units]: `draw` repeated, in the order one seed gives them."""
+    return np.stack([draw(rng, units) for _ in range(resamples)])
+
+
+def resampled_quantiles(values: np.ndarray, unit: np.ndarray, drawn: np.ndarray, quantile: float) -> np.ndarray:
+    """The `quantile` of `values` in each resample of units (`drawn` from `draws`; `unit` codes the
+    unit of each value), numpy's "linear" method, without building any resample."""
+    ranked = _Sorted(values, unit)
+    return np.array([ranked.quantile(d, quantile) if d[unit].any() else np.nan for d in drawn])
 
 
 def _virtual_index(n: float, quantile: float) -> float:

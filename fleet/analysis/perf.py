@@ -34,10 +34,14 @@ A NaN among a figure's requests makes the figure null (fleet/analysis/missing.py
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from fleet.analysis.missing import no_nan
+
+if TYPE_CHECKING:
+    from fleet.results.info import RunInfo
 
 Frame = pl.DataFrame | pl.LazyFrame
 
@@ -122,3 +126,8 @@ def _good(slos: Mapping[str, Mapping[str, float | None]]) -> pl.Expr:
                 met = met & (value <= limit).fill_null(False)
         good = pl.when(pl.col("scenario") == scenario).then(met).otherwise(good)
     return good
+
+
+def slos(info: RunInfo) -> dict[str, dict[str, float | None]]:
+    """Scenario -> its SLO limits, for the scenarios of a run that set one (what `summary` takes)."""
+    return {s["name"]: s["slo"] for s in info.perf if s.get("slo")}

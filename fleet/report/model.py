@@ -25,7 +25,9 @@ import polars as pl
 from fleet.analysis import consistency, divergence, from_stats, noise_floor, noise_model, probes
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
+from fleet.analysis.baseline import RunBaselines
 from fleet.analysis.noise_model import NoiseSpec
+from fleet.analysis.perf import slos
 from fleet.analysis.perf import summary as perf_summary
 from fleet.contracts.gates import PERF_COLUMNS, Gate, perf_key
 from fleet.report.svg import PALETTE
@@ -112,7 +114,7 @@ class RunReport:
             shown=_shown(first, sequences),
             accuracy=accuracy if accuracy.height else None,
             throughput=analysis.throughput(requests, t["shards"]),
-            scenarios=perf_summary(t["perf_requests"], t["perf_levels"], _slos(info))
+            scenarios=perf_summary(t["perf_requests"], t["perf_levels"], slos(info))
             if t["perf_levels"].height
             else None,
             smoke=t["smoke"] if t["smoke"].height else None,
@@ -159,10 +161,11 @@ class RunReport:
         v = self.verdicts
         if v is None or v.is_empty():
             return NO_VERDICT
-        n_fail = int((v["verdict"] == "FAIL").sum())
-        return (
-            f"FAIL: {n_fail} of {v.height} gate checks fail." if n_fail else f"PASS: all {v.height} gate checks pass."
-        )
+        n_fail, n_skip = int((v["verdict"] == "FAIL").sum()), int((v["verdict"] == "SKIP").sum())
+        skipped = f" ({n_skip} skipped: no earlier passing run to compare with)" if n_skip else ""
+        if n_fail:
+            return f"FAIL: {n_fail} of {v.height} gate checks fail.{skipped}"
+        return f"PASS: all {v.height - n_skip} gate checks pass.{skipped}"
 
     def metric_frames(self) -> list[pl.DataFrame]:
         """Every per-(model, target) metric, no column in two frames: what gates check and compare diffs."""
@@ -192,12 +195,13 @@ class RunReport:
             extra=extra,
             doubles=gate_mod.test_doubles(self.info),
             incomplete=gate_mod.incomplete(self.info, self.tables["requests"]),
+            runs=self._baselines() if any(g.baseline_run for g in gates) else None,
         )
 
-
-def _slos(info: RunInfo) -> dict[str, dict[str, float | None]]:
-    """Scenario -> its SLO limits, for the scenarios that set one."""
-    return {s["name"]: s["slo"] for s in info.perf if s.get("slo")}
+    def _baselines(self) -> RunBaselines:
+        """The runs gates compare this one with, found in its results root (fleet/analysis/baseline.py)."""
+        t = self.tables
+        return RunBaselines(self.run_dir, self.info, t["perf_requests"], t["perf_levels"])
 
 
 def _perf_metrics(scenarios: pl.DataFrame) -> pl.DataFrame:
