@@ -33,7 +33,7 @@ A NaN among a figure's requests makes the figure null (fleet/analysis/missing.py
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -57,14 +57,20 @@ def _stats(column: str, name: str) -> list[pl.Expr]:
 
 
 def summary(
-    requests: Frame, levels: Frame, slos: Mapping[str, Mapping[str, float | None]] | None = None
+    requests: Frame,
+    levels: Frame,
+    slos: Mapping[str, Mapping[str, float | None]] | None = None,
+    *,
+    by: Sequence[str] = (),
 ) -> pl.DataFrame:
     """One row per (model, target, scenario, level): rates, latency statistics, queueing delay;
-    goodput for the scenarios `slos` names (scenario -> {ttft_s, tpot_s, e2e_s} limits)."""
+    goodput for the scenarios `slos` names (scenario -> {ttft_s, tpot_s, e2e_s} limits). `by`:
+    columns both tables have that split the rows further (run_id, over a results root's runs)."""
+    keys = [*by, *KEYS]
     done = pl.col("error").is_null()
     reqs = requests.lazy().with_columns(_good=_good(slos or {}))
     completed = reqs.filter(done)
-    counts = reqs.group_by(KEYS).agg(
+    counts = reqs.group_by(keys).agg(
         n_requests=pl.len(),
         n_errors=(~done).sum().cast(pl.Int64),
         # Null, not 0, where the scenario sets no SLO: no goodput was asked for.
@@ -76,7 +82,7 @@ def summary(
         queue_delay_mean_s=no_nan(pl.col("queue_delay_s"), pl.col("queue_delay_s").mean()),
         queue_delay_max_s=no_nan(pl.col("queue_delay_s"), pl.col("queue_delay_s").max()),
     )
-    latency = completed.group_by(KEYS).agg(
+    latency = completed.group_by(keys).agg(
         *_stats("ttft_s", "ttft"),
         *_stats("tpot_s", "tpot"),
         *_stats("e2e_s", "e2e"),
@@ -88,13 +94,13 @@ def summary(
         engine_ttft_mean_s=no_nan(pl.col("engine_ttft_s"), pl.col("engine_ttft_s").mean()),
         engine_tpot_mean_s=no_nan(pl.col("engine_tpot_s"), pl.col("engine_tpot_s").mean()),
     )
-    itl = completed.select(*KEYS, "itl_s").explode("itl_s").group_by(KEYS).agg(*_stats("itl_s", "itl"))
-    wall = levels.lazy().select(*KEYS, "request_rate", "wall_s")
+    itl = completed.select(*keys, "itl_s").explode("itl_s").group_by(keys).agg(*_stats("itl_s", "itl"))
+    wall = levels.lazy().select(*keys, "request_rate", "wall_s")
     per_s = pl.when(pl.col("wall_s") > 0)
     out = (
-        wall.join(counts, on=KEYS, how="left")
-        .join(latency, on=KEYS, how="left")
-        .join(itl, on=KEYS, how="left")
+        wall.join(counts, on=keys, how="left")
+        .join(latency, on=keys, how="left")
+        .join(itl, on=keys, how="left")
         .with_columns(pl.col("n_completed").fill_null(0))
         .with_columns(
             qps=per_s.then(pl.col("n_completed") / pl.col("wall_s")),
@@ -107,12 +113,12 @@ def summary(
     )
     stats = [f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", *(f"p{q}" for q in QUANTILES))]
     columns = [
-        *KEYS, "request_rate", "n_requests", "n_completed", "n_errors", "wall_s",
+        *keys, "request_rate", "n_requests", "n_completed", "n_errors", "wall_s",
         "qps", "output_tok_s", "total_tok_s", "prefill_tok_s", "goodput_qps", "goodput_tok_s", "slo_share",
         *stats,
         "queue_delay_mean_s", "queue_delay_max_s", "engine_queue_mean_s", "engine_ttft_mean_s", "engine_tpot_mean_s",
     ]  # fmt: skip
-    return out.select(columns).sort(KEYS).collect()
+    return out.select(columns).sort(keys).collect()
 
 
 def _good(slos: Mapping[str, Mapping[str, float | None]]) -> pl.Expr:
