@@ -159,7 +159,9 @@ class TestDoubleEngine(Engine):
         rng = random.Random(level_seed(scenario, level))
         vocab = self.args.vocab_size
         if scenario.input_tokens is not None:
-            measured = [[rng.randrange(vocab) for _ in range(scenario.input_tokens)] for _ in range(scenario.num_requests)]
+            measured = [
+                [rng.randrange(vocab) for _ in range(scenario.input_tokens)] for _ in range(scenario.num_requests)
+            ]
         else:
             words = [(p.prompt or p.id).split() for p in prompts or []]
             encoded = [[zlib.crc32(w.encode()) % vocab for w in ws] for ws in words] or [[0]]

@@ -32,6 +32,7 @@ from fleet.contracts.gates import LATEST_PASS, Gate
 from fleet.results import catalog, reader, store
 from fleet.results.info import RunInfo
 
+
 def results_root(run_dir: str | Path) -> str | Path:
     """The results root holding `run_dir` (a local path or a URI), in the form it came in."""
     if isinstance(run_dir, Path):
@@ -109,7 +110,10 @@ class RunBaselines:
         ratio = gate.ratio or 0.0
         row |= {"baseline": base, "threshold": ratio * base, "ci_low": low, "ci_high": high}
         if low != low:  # NaN: too few defined resamples
-            return row | {"verdict": "FAIL", "reason": f"no interval of measured / baseline ({run_id}): too few requests"}
+            return row | {
+                "verdict": "FAIL",
+                "reason": f"no interval of measured / baseline ({run_id}): too few requests",
+            }
         # The end of the interval most favourable to the candidate must fail the bound for a FAIL.
         end = high if gate.op in (">=", ">") else low
         passed = OPS[gate.op](end, ratio)

@@ -16,6 +16,8 @@ what differs is Monte-Carlo noise and the bin width (the stated tolerance is in 
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 
 EXACT_MAX_VALUES = 20_000
@@ -25,6 +27,7 @@ BINS_PER_OCTAVE = 64
 _FLOOR_QUANTILE = 0.5
 _CHUNK = 1 << 20
 _ZERO = np.iinfo(np.int32).min
+_Count = TypeVar("_Count", float, np.ndarray)  # one resample's total, or every resample's
 
 
 def interval(
@@ -104,7 +107,7 @@ def resampled_quantiles(values: np.ndarray, unit: np.ndarray, drawn: np.ndarray,
     return out
 
 
-def _virtual_index(n: float, quantile: float) -> float:
+def _virtual_index(n: _Count, quantile: float) -> _Count:
     """numpy.quantile's "linear" virtual index, written as numpy computes it (bit for bit)."""
     return n * quantile + (1 + quantile * (1 - 1 - 1)) - 1
 

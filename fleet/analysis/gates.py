@@ -128,8 +128,13 @@ def evaluate(
                 rows[-1] |= {"verdict": "FAIL", "reason": f"incomplete, never a PASS: {why}"}
             double = next((t for t in (target, reference) if t in doubles), None)
             if double is not None and rows[-1]["verdict"] in NOT_FAILED:
-                was = f" (against its baseline: {rows[-1]['verdict']}, {rows[-1]['reason']})" if gate.baseline_run else ""
-                rows[-1] |= {"verdict": "FAIL", "reason": f"{double} is a test double (no model ran): never a PASS{was}"}
+                was = (
+                    f" (against its baseline: {rows[-1]['verdict']}, {rows[-1]['reason']})" if gate.baseline_run else ""
+                )
+                rows[-1] |= {
+                    "verdict": "FAIL",
+                    "reason": f"{double} is a test double (no model ran): never a PASS{was}",
+                }
             rows[-1]["evidence"] = evidence(run_dir, gate.metric, model, target, reference=reference)
     numeric = ("value", "threshold", "baseline", "ci_low", "ci_high")
     schema = {c: pl.Float64 if c in numeric else pl.String for c in VERDICT_COLUMNS}

@@ -121,7 +121,9 @@ def ratio_interval(
         return _bounds(m / b)
 
 
-def delta_interval(column: str, a: Level, b: Level, *, resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
+def delta_interval(
+    column: str, a: Level, b: Level, *, resamples: int = RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
     """95 % interval of b - a for one figure, both runs' requests resampled independently."""
     ra, rb = _resampled(column, a, b, resamples=resamples, seed=seed)
     return _bounds(rb - ra)

@@ -124,11 +124,11 @@ class Gate(Strict):
     @model_validator(mode="after")
     def _bound_or_ratio(self) -> Gate:
         # One name per concept: `threshold` is a bound, `ratio` a factor of a baseline.
-        if self.baseline is None and self.threshold is None:
-            msg = "set threshold (the bound), or baseline and ratio (the bound is ratio x baseline)"
-            raise ValueError(msg)
         if self.baseline is None and self.ratio is not None:
             msg = "ratio multiplies a baseline: set baseline too (a number, a run id, or latest-pass)"
+            raise ValueError(msg)
+        if self.baseline is None and self.threshold is None:
+            msg = "set threshold (the bound), or baseline and ratio (the bound is ratio x baseline)"
             raise ValueError(msg)
         if self.baseline is not None and self.threshold is not None:
             msg = f"with a baseline the factor is ratio, not threshold: write ratio: {self.threshold:g}"

@@ -162,10 +162,12 @@ class RunReport:
         if v is None or v.is_empty():
             return NO_VERDICT
         n_fail, n_skip = int((v["verdict"] == "FAIL").sum()), int((v["verdict"] == "SKIP").sum())
-        skipped = f" ({n_skip} skipped: no earlier passing run to compare with)" if n_skip else ""
+        skipped = f" {n_skip} skipped: no earlier passing run to compare with." if n_skip else ""
         if n_fail:
             return f"FAIL: {n_fail} of {v.height} gate checks fail.{skipped}"
-        return f"PASS: all {v.height - n_skip} gate checks pass.{skipped}"
+        if n_skip:
+            return f"PASS: {v.height - n_skip} of {v.height} gate checks pass, none fails.{skipped}"
+        return f"PASS: all {v.height} gate checks pass."
 
     def metric_frames(self) -> list[pl.DataFrame]:
         """Every per-(model, target) metric, no column in two frames: what gates check and compare diffs."""

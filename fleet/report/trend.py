@@ -53,7 +53,9 @@ def render_text(frame: pl.DataFrame, metric: str, *, results_root: str | Path) -
         known = [v for v in values if v is not None]
         last = f"last {known[-1]:.4g}" if known else ""
         change = f" ({known[-1] / known[-2] - 1:+.1%} vs the run before)" if len(known) > 1 and known[-2] else ""
-        out.append(f"  {name:<{width}}  {sparkline(values)}  min {min(known):.4g}  max {max(known):.4g}  {last}{change}")
+        out.append(
+            f"  {name:<{width}}  {sparkline(values)}  min {min(known):.4g}  max {max(known):.4g}  {last}{change}"
+        )
     return "\n".join([*out, "", markdown(wide, {c: c for c in wide.columns})])
 
 
@@ -65,7 +67,9 @@ def render_html(frame: pl.DataFrame, metric: str, *, results_root: str | Path) -
     else:
         wide = _wide(frame)
         x = list(range(1, wide.height + 1))
-        lines = {name: (x, [float("nan") if v is None else v for v in wide[name].to_list()]) for name in wide.columns[3:]}
+        lines = {
+            name: (x, [float("nan") if v is None else v for v in wide[name].to_list()]) for name in wide.columns[3:]
+        }
         plot = svg.lines(lines, title=title, x_label="run, oldest first (ids in the table)", y_label=metric)
         numbered = wide.with_columns(pl.int_range(1, wide.height + 1).alias("#")).select("#", *wide.columns)
         head = "".join(f"<th>{escape(c)}</th>" for c in numbered.columns)

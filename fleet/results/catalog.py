@@ -150,7 +150,7 @@ def render_runs(frame: pl.DataFrame) -> str:
 
 
 def listed(frame: pl.DataFrame, *, shown: int = 8) -> str:
-    """"3 runs there: a, b, c": what a message about a missing run says the root holds (the newest `shown`)."""
+    """ "3 runs there: a, b, c": what a message about a missing run says the root holds (the newest `shown`)."""
     ids = frame["run_id"].to_list()
     if not ids:
         return "no runs there"
