@@ -1,28 +1,34 @@
 """A TEST DOUBLE backend (`kind: test-double`): deterministic pseudo-logprobs, no model at all.
 
-It exists to exercise the harness itself — scheduling at fleet scale, faults, resume, storage —
-where a real engine would cost minutes per case. Its numbers mean nothing about any model and
-the report labels its targets as test doubles. It can be told to be slow, to hang, to die or to
-emit NaN, on chosen shards, once (a marker file makes the retry behave).
+It exists to exercise the harness itself — scheduling at fleet scale, faults, resume, storage,
+perf levels and gates against baseline runs — where a real engine would cost minutes per case. Its
+numbers mean nothing about any model and the report labels its targets as test doubles. It can be
+told to be slow (`seconds_per_token`, which also sets its perf levels' pace), to hang, to die or
+to emit NaN, on chosen shards, once (a marker file makes the retry behave).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
 import time
 import zlib
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from actors.tables import dense_generation
-from fleet.contracts.engine import Completion, Engine, Generation
+from fleet.contracts.engine import Chunk, Completion, Engine, Generation
 from fleet.contracts.targets import TestDoubleArgs
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from fleet.contracts.spec import Shard
+    from fleet.contracts.engine import PerfResult
+    from fleet.contracts.prompts import Prompt
+    from fleet.contracts.spec import Scenario, Shard
 
 
 _STEP = 0x9E3779B1  # positions spread over the 32-bit hash space (Fibonacci hashing)
@@ -144,6 +150,45 @@ class TestDoubleEngine(Engine):
             }
         )
         return schema.conform(table, schema.SCORES)
+
+    def perf(self, scenario: Scenario, level: int, prompts: list[Prompt] | None) -> PerfResult:
+        """One level of a perf scenario through the real load generator (actors/loadgen.py), with
+        no model behind the stream: see `_stream`."""
+        from actors.loadgen import level_seed, measure_level
+
+        rng = random.Random(level_seed(scenario, level))
+        vocab = self.args.vocab_size
+        if scenario.input_tokens is not None:
+            measured = [
+                [rng.randrange(vocab) for _ in range(scenario.input_tokens)] for _ in range(scenario.num_requests)
+            ]
+        else:
+            words = [(p.prompt or p.id).split() for p in prompts or []]
+            encoded = [[zlib.crc32(w.encode()) % vocab for w in ws] for ws in words] or [[0]]
+            measured = [encoded[i % len(encoded)] for i in range(scenario.num_requests)]
+        warmup = [[rng.randrange(vocab) for _ in range(len(measured[0]))] for _ in range(scenario.warmup_requests)]
+        m = self.model
+        return asyncio.run(
+            measure_level(
+                self._stream,
+                scenario,
+                level,
+                prompts=measured,
+                warmup=warmup,
+                model=m.name,
+                model_weights=m.weights,
+                target=self.args.name,
+            )
+        )
+
+    async def _stream(self, prompt_ids: list[int], max_tokens: int) -> AsyncGenerator[Chunk, None]:
+        """One token at a time, token k due `seconds_per_token` x (k + 1) after the request starts.
+        Sleeping to each deadline (not for a fixed gap) keeps a late wake-up on a busy host from
+        pushing every later token back: the pace, and so the throughput, is what the manifest set."""
+        start, step = time.perf_counter(), self.args.seconds_per_token
+        for k in range(max_tokens):
+            await asyncio.sleep(max(0.0, start + (k + 1) * step - time.perf_counter()))
+            yield Chunk(1)
 
     def describe(self) -> dict[str, str]:
         import os

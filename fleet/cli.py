@@ -3,7 +3,8 @@
     fleet run MANIFEST [--set KEY=VALUE ...] | --resume RUN_DIR     run (or finish) a manifest, print the summary
     fleet report RUN_DIR|RUN_ID [--results ROOT] [--top N] [--html F] [--markdown F] [--gates F]
     fleet compare RUN_A RUN_B [--results ROOT] [--gates F]   (each a run directory or a run id)
-    fleet runs [RESULTS_ROOT]                   the runs there: id, status, models, targets, gates, started
+    fleet runs [RESULTS_ROOT] [--trend METRIC [--html F]]   the runs there (id, status, models, targets,
+                                                gates, started), or a perf figure across them
     fleet query RUN_DIR|RESULTS_ROOT "SQL" [--format table|csv|json] | --tables
 
     fleet run --check MANIFEST | --check --resume RUN_DIR   everything before Ray starts, nothing written
@@ -247,9 +248,26 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
+    from fleet.contracts.errors import UserError
     from fleet.results import catalog
 
-    print(catalog.render_runs(catalog.runs(args.results_root)))
+    if args.trend is None:
+        if args.html is not None:
+            msg = "fleet runs --html draws a trend: add --trend METRIC (e.g. --trend perf_output_tok_s)"
+            raise UserError(msg)
+        print(catalog.render_runs(catalog.runs(args.results_root)))
+        return EXIT_OK
+    from fleet.analysis.trend import check_metric, trend
+    from fleet.report.trend import render_html, render_text
+
+    check_metric(args.trend)
+    if args.html is not None:
+        _check_output(args.html)
+    frame = trend(args.results_root, args.trend)
+    print(render_text(frame, args.trend, results_root=args.results_root))
+    if args.html is not None:
+        args.html.write_text(render_html(frame, args.trend, results_root=args.results_root), encoding="utf-8")
+        print(f"wrote {args.html}")
     return EXIT_OK
 
 

@@ -130,6 +130,12 @@ def parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", help="list the runs under a results root")
     runs.add_argument("results_root", nargs="?", default="results", help="default: results")
+    runs.add_argument(
+        "--trend",
+        metavar="METRIC",
+        help="a perf figure across the runs, per model, target, scenario and level (e.g. perf_output_tok_s)",
+    )
+    runs.add_argument("--html", type=Path, metavar="OUT", help="with --trend: also write the plot as an HTML page")
 
     query = sub.add_parser("query", help="SQL over a run's tables, or every run's under a results root")
     query.add_argument("run_dir", help="a run directory, or a results root (its tables stacked on run_id)")

@@ -188,4 +188,6 @@ def test_provenance_changes_and_render(two_runs: tuple[Path, Path]) -> None:
     assert "## Gate changes: 3" in text
     assert "m/cand: seq_match_rate >= 1: PASS -> FAIL" in text
     assert "## m / cand" in text
-    assert ["seq_match_rate", "1", "0.5", "-0.5", "-0.5", "worse", "seq_match_rate >= 1", "PASS", "FAIL"] in rows(text)
+    assert ["seq_match_rate", "1", "0.5", "-0.5", "—", "-0.5", "worse", "seq_match_rate >= 1", "PASS", "FAIL"] in rows(
+        text
+    )

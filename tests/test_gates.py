@@ -84,14 +84,14 @@ def test_missing_targets_fail() -> None:
 
 def test_throughput_against_a_baseline() -> None:
     # 0.95 x 1000 = 950: 960 passes, 940 fails. m2/bf16 has no baseline entry: FAIL, not PASS.
-    spec = {"metric": "output_tok_s", "op": ">=", "threshold": 0.95, "baseline": {"m/bf16": 1000.0, "fp16": 1000.0}}
+    spec = {"metric": "output_tok_s", "op": ">=", "ratio": 0.95, "baseline": {"m/bf16": 1000.0, "fp16": 1000.0}}
     v = _evaluate([spec])
     assert _verdicts(v) == {("m", "bf16"): "PASS", ("m", "fp16"): "FAIL", ("m2", "bf16"): "FAIL"}
     rows = {(r["model"], r["target"]): r for r in v.iter_rows(named=True)}
     assert (rows[("m", "bf16")]["threshold"], rows[("m", "bf16")]["baseline"]) == (pytest.approx(950.0), 1000.0)
     assert rows[("m2", "bf16")]["reason"] == "no baseline for m2/bf16"
     # A scalar baseline, and the reference is checked only when named: 100 >= 0.5 x 180 = 90.
-    v = _evaluate([{"metric": "output_tok_s", "op": ">=", "threshold": 0.5, "baseline": 180, "targets": ["ref"]}])
+    v = _evaluate([{"metric": "output_tok_s", "op": ">=", "ratio": 0.5, "baseline": 180, "targets": ["ref"]}])
     assert _verdicts(v) == {("m", "ref"): "PASS", ("m2", "ref"): "FAIL"}  # m2: 50 < 90
     assert v["gate"][0] == "output_tok_s >= 0.5 x baseline"
 

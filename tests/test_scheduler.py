@@ -4,7 +4,7 @@ A fake `ray` module runs each actor call in-process when it is sent and hands re
 at a time, in the order sent (a call told to be slow waits some rounds), so a run is
 deterministic and takes a fraction of a second. The
 actors answer like the test double (generate, score) plus small schema-conforming tables for the
-capabilities the test double lacks (perf, smoke, probes), so the targets here are real backend
+capabilities the test double lacks (smoke, probes) and perf, so the targets here are real backend
 kinds (hf, vllm, endpoint) that declare them. The fault tests in test_faults.py run the same
 paths on a real Ray.
 """

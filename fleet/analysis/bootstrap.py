@@ -16,6 +16,8 @@ what differs is Monte-Carlo noise and the bin width (the stated tolerance is in 
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 
 EXACT_MAX_VALUES = 20_000
@@ -25,6 +27,7 @@ BINS_PER_OCTAVE = 64
 _FLOOR_QUANTILE = 0.5
 _CHUNK = 1 << 20
 _ZERO = np.iinfo(np.int32).min
+_Count = TypeVar("_Count", float, np.ndarray)  # one resample's total, or every resample's
 
 
 def interval(
@@ -49,17 +52,17 @@ def interval(
         c_sorted, t_sorted = _Sorted(cand, prompt), _Sorted(twin, prompt) if twin is not None else None
         ratios = []
         for _ in range(resamples):
-            drawn = np.bincount(rng.integers(0, n_prompts, n_prompts), minlength=n_prompts)
+            drawn = draw(rng, n_prompts)
             c = c_sorted.quantile(drawn, quantile)
             t = t_sorted.quantile(drawn, quantile) if t_sorted is not None else twin_p99
             ratios.append(c / (t * allowance) if t > 0 else np.inf)
     else:
         blocks = prompt % BLOCKS if n_prompts > BLOCKS else prompt
         units = min(n_prompts, BLOCKS)
-        draws = np.stack([np.bincount(rng.integers(0, units, units), minlength=units) for _ in range(resamples)])
-        c_q = _Binned(cand, blocks, units).quantiles(draws, quantile)
+        drawn = draws(rng, units, resamples)
+        c_q = _Binned(cand, blocks, units).quantiles(drawn, quantile)
         t_q = (
-            _Binned(twin, blocks, units).quantiles(draws, quantile)
+            _Binned(twin, blocks, units).quantiles(drawn, quantile)
             if twin is not None
             else np.full(resamples, twin_p99)
         )
@@ -69,7 +72,42 @@ def interval(
     return float(low), float(high)
 
 
-def _virtual_index(n: float, quantile: float) -> float:
+def draw(rng: np.random.Generator, units: int) -> np.ndarray:
+    """One resample: how often each of `units` units (prompts, requests) is drawn in `units` draws
+    with replacement."""
+    return np.bincount(rng.integers(0, units, units), minlength=units)
+
+
+def draws(rng: np.random.Generator, units: int, resamples: int) -> np.ndarray:
+    """[resamples, units]: `draw` repeated, in the order one seed gives them."""
+    return np.stack([draw(rng, units) for _ in range(resamples)])
+
+
+def resampled_quantiles(values: np.ndarray, unit: np.ndarray, drawn: np.ndarray, quantile: float) -> np.ndarray:
+    """The `quantile` of `values` in each resample of units (`drawn` from `draws`; `unit` codes the
+    unit of each value; NaN for a resample that drew none): `_Sorted.quantile` for many resamples
+    at once, in chunks of about _CHUNK cells, the same order statistics and interpolation."""
+    out = np.full(len(drawn), np.nan)
+    if not len(values):
+        return out
+    order = np.argsort(values, kind="stable")
+    ranked, units = values[order], unit[order]
+    rows = max(1, _CHUNK // len(ranked))
+    for at in range(0, len(drawn), rows):
+        counts = np.cumsum(drawn[at : at + rows][:, units], axis=1)
+        total = counts[:, -1]
+        index = _virtual_index(total, quantile)
+        below = np.floor(index)
+        # searchsorted(counts, rank, side="right") per row: the cumulative counts at or below the rank
+        ends = [(np.clip(r, 0, total - 1)[:, None] >= counts).sum(axis=1) for r in (below, below + 1)]
+        lo, hi = (ranked[np.minimum(e, len(ranked) - 1)] for e in ends)
+        t, diff = index - below, hi - lo
+        found = np.where(t >= 0.5, hi - diff * (1 - t), lo + diff * t)
+        out[at : at + rows] = np.where(total > 0, found, np.nan)
+    return out
+
+
+def _virtual_index(n: _Count, quantile: float) -> _Count:
     """numpy.quantile's "linear" virtual index, written as numpy computes it (bit for bit)."""
     return n * quantile + (1 + quantile * (1 - 1 - 1)) - 1
 

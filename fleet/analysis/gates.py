@@ -2,7 +2,8 @@
 
 A gate names one metric (a column of analysis.parity or analysis.throughput, or of a probe table
 registered in METRICS), an operator and a threshold, e.g. `pearson_r >= 0.99`. With `baseline`,
-the threshold is a factor of a stored value: `output_tok_s >= 0.95 x 948.3`. Every verdict row
+the bound is `ratio` times a stored value, `output_tok_s >= 0.95 x 948.3`, or times an earlier
+run's figure, judged on a bootstrap interval (fleet/analysis/baseline.py). Every verdict row
 says what was measured, against what, and `evidence`: a Polars expression that reads the stored
 rows the metric was computed from, so a FAIL can be checked by hand. A metric that could not be
 measured (null, NaN, or no result for the target at all) is a FAIL with a reason, never a PASS,
@@ -18,7 +19,7 @@ import math
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from pydantic import ValidationError
@@ -30,14 +31,22 @@ from fleet.contracts.messages import error_line, relevant
 from fleet.results import store
 from fleet.results.info import RunInfo
 
-_OPS: dict[str, Callable[[float, float], bool]] = {
+if TYPE_CHECKING:
+    from fleet.analysis.baseline import RunBaselines
+
+OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,
     "<=": operator.le,
     ">": operator.gt,
     "<": operator.lt,
 }
 
-VERDICT_COLUMNS = ["gate", "model", "target", "metric", "value", "op", "threshold", "baseline", "verdict", "reason"]
+VERDICT_COLUMNS = [
+    "gate", "model", "target", "metric", "value", "op", "threshold", "baseline", "baseline_run", "ci_low", "ci_high",
+    "verdict", "reason",
+]  # fmt: skip
+# Passes the run: PASS, and SKIP (a gate against latest-pass with no passing run before it, fleet/analysis/baseline.py).
+NOT_FAILED = ("PASS", "SKIP")
 
 
 def parse(raw: Any, *, source: str = "gates") -> list[Gate]:
@@ -88,6 +97,7 @@ def evaluate(
     extra: Sequence[pl.DataFrame] = (),
     doubles: Iterable[str] = (),
     incomplete: Mapping[tuple[str, str], str] | None = None,
+    runs: RunBaselines | None = None,
 ) -> pl.DataFrame:
     """One verdict row per gate x selected (model, target), columns VERDICT_COLUMNS + evidence.
 
@@ -97,6 +107,7 @@ def evaluate(
     `doubles` are targets that ran the test double (no model): no gate passes on one of them, or
     on anything compared with a test-double reference. `incomplete` maps a (model, target) to why
     its results are incomplete (see `incomplete`): each of its gates fails with that reason.
+    `runs` judges gates whose baseline is a run (fleet/analysis/baseline.py); without it they fail.
     """
     incomplete = incomplete or {}
     doubles = set(doubles)
@@ -111,15 +122,22 @@ def evaluate(
     for gate in gates:
         for model, target in _selected(gate, pairs, reference):
             value = measured.get((model, target, gate.key))
-            rows.append(_verdict(gate, model, target, value, (model, target) in with_results))
+            rows.append(_verdict(gate, model, target, value, (model, target) in with_results, runs))
             why = incomplete.get((model, target))
-            if why is not None and rows[-1]["verdict"] == "PASS":
+            if why is not None and rows[-1]["verdict"] in NOT_FAILED:
                 rows[-1] |= {"verdict": "FAIL", "reason": f"incomplete, never a PASS: {why}"}
             double = next((t for t in (target, reference) if t in doubles), None)
-            if double is not None and rows[-1]["verdict"] == "PASS":
-                rows[-1] |= {"verdict": "FAIL", "reason": f"{double} is a test double (no model ran): never a PASS"}
+            if double is not None and rows[-1]["verdict"] in NOT_FAILED:
+                was = (
+                    f" (against its baseline: {rows[-1]['verdict']}, {rows[-1]['reason']})" if gate.baseline_run else ""
+                )
+                rows[-1] |= {
+                    "verdict": "FAIL",
+                    "reason": f"{double} is a test double (no model ran): never a PASS{was}",
+                }
             rows[-1]["evidence"] = evidence(run_dir, gate.metric, model, target, reference=reference)
-    schema = {c: pl.Float64 if c in ("value", "threshold", "baseline") else pl.String for c in VERDICT_COLUMNS}
+    numeric = ("value", "threshold", "baseline", "ci_low", "ci_high")
+    schema = {c: pl.Float64 if c in numeric else pl.String for c in VERDICT_COLUMNS}
     return pl.DataFrame(rows, schema={**schema, "evidence": pl.String})
 
 
@@ -134,18 +152,25 @@ def _selected(gate: Gate, pairs: list[tuple[str, str]], reference: str) -> list[
     return selected + [(m, "*") for m in models if m not in {s[0] for s in selected}]
 
 
-def _verdict(gate: Gate, model: str, target: str, value: Any, has_results: bool) -> dict[str, Any]:
+def _verdict(
+    gate: Gate, model: str, target: str, value: Any, has_results: bool, runs: RunBaselines | None
+) -> dict[str, Any]:
     threshold, baseline = gate.bound(model, target)
     row: dict[str, Any] = {"gate": gate.label, "model": model, "target": target, "metric": gate.metric, "op": gate.op}
     row |= {"threshold": threshold, "baseline": baseline, "value": None, "verdict": "FAIL"}
+    row |= {"baseline_run": None, "ci_low": None, "ci_high": None}
     if not has_results:
         return row | {"reason": "no results for this model/target (failed, not run, or misspelt)"}
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return row | {"reason": f"{gate.metric} not measured (null or NaN) for this model/target"}
     value = float(value)
+    if gate.baseline_run is not None:
+        if runs is None:
+            return row | {"value": value, "reason": f"baseline run {gate.baseline_run}: no results root to look in"}
+        return row | {"value": value} | runs.judge(gate, model, target, value)
     if threshold is None:
         return row | {"value": value, "reason": f"no baseline for {model}/{target}"}
-    passed = _OPS[gate.op](value, threshold)
+    passed = OPS[gate.op](value, threshold)
     return row | {
         "value": value,
         "verdict": "PASS" if passed else "FAIL",
@@ -154,13 +179,21 @@ def _verdict(gate: Gate, model: str, target: str, value: Any, has_results: bool)
 
 
 def passed(verdicts: pl.DataFrame) -> bool:
-    """True iff every verdict is PASS (and so also when there are no gates)."""
-    return bool((verdicts["verdict"] == "PASS").all()) if verdicts.height else True
+    """True iff no verdict is FAIL: each is PASS or SKIP (and so also when there are no gates)."""
+    return bool(verdicts["verdict"].is_in(NOT_FAILED).all()) if verdicts.height else True
 
 
 def from_info(info: RunInfo) -> list[Gate]:
     """The gates recorded in run.json (the validated manifest's `gates:` section), if any."""
-    return parse(info.manifest_resolved.get("gates") or [], source="run.json gates")
+    return parse([_migrated(g) for g in info.manifest_resolved.get("gates") or []], source="run.json gates")
+
+
+def _migrated(recorded: Any) -> Any:
+    """A gate as run.json recorded it before `ratio` existed: a stored baseline's factor was
+    `threshold`; it is `ratio` now (threshold is only ever a bound)."""
+    if isinstance(recorded, dict) and recorded.get("baseline") is not None and recorded.get("ratio") is None:
+        return {k: v for k, v in recorded.items() if k not in ("threshold", "ratio")} | {"ratio": recorded["threshold"]}
+    return recorded
 
 
 def test_doubles(info: RunInfo) -> list[str]:

@@ -41,11 +41,15 @@ A NaN among a figure's requests makes the figure null (fleet/analysis/missing.py
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from fleet.analysis.missing import no_nan
+
+if TYPE_CHECKING:
+    from fleet.results.info import RunInfo
 
 Frame = pl.DataFrame | pl.LazyFrame
 
@@ -64,14 +68,20 @@ def _stats(column: str, name: str) -> list[pl.Expr]:
 
 
 def summary(
-    requests: Frame, levels: Frame, slos: Mapping[str, Mapping[str, float | None]] | None = None
+    requests: Frame,
+    levels: Frame,
+    slos: Mapping[str, Mapping[str, float | None]] | None = None,
+    *,
+    by: Sequence[str] = (),
 ) -> pl.DataFrame:
     """One row per (model, target, scenario, level, probe): rates, latency statistics, queueing delay;
-    goodput for the scenarios `slos` names (scenario -> {ttft_s, tpot_s, e2e_s} limits)."""
+    goodput for the scenarios `slos` names (scenario -> {ttft_s, tpot_s, e2e_s} limits). `by`:
+    columns both tables have that split the rows further (run_id, over a results root's runs)."""
+    keys = [*by, *RUN]
     done = pl.col("error").is_null()
     reqs = _runs(requests).with_columns(_good=_good(slos or {}))
     completed = reqs.filter(done)
-    counts = reqs.group_by(RUN).agg(
+    counts = reqs.group_by(keys).agg(
         n_requests=pl.len(),
         n_errors=(~done).sum().cast(pl.Int64),
         # Null, not 0, where the scenario sets no SLO: no goodput was asked for.
@@ -84,7 +94,7 @@ def summary(
         queue_delay_max_s=no_nan(pl.col("queue_delay_s"), pl.col("queue_delay_s").max()),
         send_lag_p99_s=no_nan(pl.col("send_lag_s"), pl.col("send_lag_s").quantile(0.99, interpolation="linear")),
     )
-    latency = completed.group_by(RUN).agg(
+    latency = completed.group_by(keys).agg(
         *_stats("ttft_s", "ttft"),
         *_stats("tpot_s", "tpot"),
         *_stats("e2e_s", "e2e"),
@@ -96,13 +106,13 @@ def summary(
         engine_ttft_mean_s=no_nan(pl.col("engine_ttft_s"), pl.col("engine_ttft_s").mean()),
         engine_tpot_mean_s=no_nan(pl.col("engine_tpot_s"), pl.col("engine_tpot_s").mean()),
     )
-    itl = completed.select(*RUN, "itl_s").explode("itl_s").group_by(RUN).agg(*_stats("itl_s", "itl"))
-    wall = _runs(levels).select(*RUN, "request_rate", "wall_s", "client_cpu_s")
+    itl = completed.select(*keys, "itl_s").explode("itl_s").group_by(keys).agg(*_stats("itl_s", "itl"))
+    wall = _runs(levels).select(*keys, "request_rate", "wall_s", "client_cpu_s")
     per_s = pl.when(pl.col("wall_s") > 0)
     out = (
-        wall.join(counts, on=RUN, how="left")
-        .join(latency, on=RUN, how="left")
-        .join(itl, on=RUN, how="left")
+        wall.join(counts, on=keys, how="left")
+        .join(latency, on=keys, how="left")
+        .join(itl, on=keys, how="left")
         .with_columns(pl.col("n_completed").fill_null(0))
         .with_columns(
             qps=per_s.then(pl.col("n_completed") / pl.col("wall_s")),
@@ -119,13 +129,13 @@ def summary(
     )
     stats = [f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", *(f"p{q}" for q in QUANTILES))]
     columns = [
-        *KEYS, "request_rate", "n_requests", "n_completed", "n_errors", "wall_s",
+        *keys, "request_rate", "n_requests", "n_completed", "n_errors", "wall_s",
         "qps", "output_tok_s", "total_tok_s", "prefill_tok_s", "goodput_qps", "goodput_tok_s", "slo_share",
         *stats,
         "queue_delay_mean_s", "queue_delay_max_s", "engine_queue_mean_s", "engine_ttft_mean_s", "engine_tpot_mean_s",
         "probe", "send_lag_p99_s", "client_cpu_share", "client_bound",
     ]  # fmt: skip
-    return out.select(columns).sort(RUN).collect()
+    return out.select(columns).sort(keys).collect()
 
 
 def sweep_curve(scenarios: pl.DataFrame, min_share: Mapping[str, float]) -> pl.DataFrame:
@@ -141,6 +151,12 @@ def sweep_curve(scenarios: pl.DataFrame, min_share: Mapping[str, float]) -> pl.D
     best = pl.when(pl.col("meets")).then(pl.col("offered_rps")).max().over(KEYS).alias("best_rps")
     columns = [*RUN, "request_rate", "offered_rps", "qps", "goodput_qps", "slo_share", "meets"]
     return curve.select(*columns, best).sort([*KEYS, "offered_rps"])
+
+
+def first_runs(frame: Frame) -> pl.DataFrame:
+    """Each level's rows of its first run (probe 0): a sweep's later probes are other offered rates
+    (actors/sweep.py), which a level's figure, its baseline and its trend leave out."""
+    return _runs(frame).filter(pl.col("probe") == 0).collect()
 
 
 def _runs(frame: Frame) -> pl.LazyFrame:
@@ -164,3 +180,8 @@ def _good(slos: Mapping[str, Mapping[str, float | None]]) -> pl.Expr:
                 met = met & (value <= limit).fill_null(False)
         good = pl.when(pl.col("scenario") == scenario).then(met).otherwise(good)
     return good
+
+
+def slos(info: RunInfo) -> dict[str, dict[str, float | None]]:
+    """Scenario -> its SLO limits, for the scenarios of a run that set one (what `summary` takes)."""
+    return {s["name"]: s["slo"] for s in info.perf if s.get("slo")}

@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from fleet.contracts.base import Strict
+from fleet.contracts.errors import UserError
+from fleet.contracts.inputs import check_name
 from fleet.contracts.messages import unknown
 
 Op = Literal[">=", "<=", ">", "<"]
@@ -85,16 +87,31 @@ METRICS |= {f"perf_{c}": ("perf_requests", False, "") for c in PERF_COLUMNS}
 # Parity under load (fleet/analysis/load_parity.py): the most real divergences at any level of any
 # scenario with `parity:`, from the reference and from the same prompts alone; gate both `<= 0`.
 METRICS |= {"load_real_divergences": _LOAD, "load_batch_real_divergences": _LOAD}
+# The perf figures a run baseline can judge: those fleet/analysis/baseline.py recomputes on a
+# resample of a level's requests (rates and latency statistics; not counts, nor goodput, whose
+# SLO the baseline run may not share).
+RESAMPLED = frozenset(
+    f"perf_{c}"
+    for c in PERF_COLUMNS
+    if c in ("qps", "output_tok_s", "total_tok_s", "prefill_tok_s") or c.split("_")[0] in ("ttft", "tpot", "itl", "e2e")
+)
+LATEST_PASS = "latest-pass"
 
 
 class Gate(Strict):
     """One threshold on one metric, applied to every selected model x target."""
 
     metric: str = Field(description="Metric name: a column of analysis.parity/throughput or a probe metric.")
-    op: Op = Field(description="Comparison, measured OP threshold: >=, <=, > or < (quote it in YAML).")
-    threshold: float = Field(description="The bound; with `baseline`, a factor applied to the baseline.")
-    baseline: float | dict[str, float] | None = Field(
-        None, description="Stored value the threshold multiplies: one number, or by 'model/target' or 'target'."
+    op: Op = Field(description="Comparison, measured OP bound: >=, <=, > or < (quote it in YAML).")
+    threshold: float | None = Field(None, description="The bound, without a baseline (then `ratio` sets it).")
+    baseline: float | dict[str, float] | str | None = Field(
+        None,
+        description="What `ratio` multiplies: a stored number (one, or by 'model/target' or 'target'), or a run "
+        "in the same results root: its run id, or latest-pass (the newest earlier run that passed, with this "
+        "model and target). A run baseline is judged on a 95 % bootstrap interval of measured / baseline.",
+    )
+    ratio: float | None = Field(
+        None, gt=0, le=1000, description="With `baseline`: the bound is ratio x baseline (e.g. 0.97 for a 3 % margin)."
     )
     models: list[str] | None = Field(None, min_length=1, description="Models to check (default: all).")
     targets: list[str] | None = Field(
@@ -107,6 +124,40 @@ class Gate(Strict):
     level: int | None = Field(
         None, ge=1, le=4096, description="For perf_* metrics: the concurrency level (required there)."
     )
+
+    @model_validator(mode="after")
+    def _bound_or_ratio(self) -> Gate:
+        # One name per concept: `threshold` is a bound, `ratio` a factor of a baseline.
+        if self.baseline is None and self.ratio is not None:
+            msg = "ratio multiplies a baseline: set baseline too (a number, a run id, or latest-pass)"
+            raise ValueError(msg)
+        if self.baseline is None and self.threshold is None:
+            msg = "set threshold (the bound), or baseline and ratio (the bound is ratio x baseline)"
+            raise ValueError(msg)
+        if self.baseline is not None and self.threshold is not None:
+            msg = f"with a baseline the factor is ratio, not threshold: write ratio: {self.threshold:g}"
+            raise ValueError(msg)
+        if self.baseline is not None and self.ratio is None:
+            msg = "a baseline needs ratio, the factor of the bound (e.g. ratio: 0.97)"
+            raise ValueError(msg)
+        if isinstance(self.baseline, str) and self.metric not in RESAMPLED:
+            msg = (
+                f"a run baseline ({self.baseline}) is judged on a bootstrap over a perf level's requests: it takes "
+                "perf rates (perf_qps, perf_output_tok_s, perf_total_tok_s, perf_prefill_tok_s) and latency "
+                f"figures (perf_ttft_*, perf_tpot_*, perf_itl_*, perf_e2e_*); for {self.metric} give a stored number"
+            )
+            raise ValueError(msg)
+        return self
+
+    @field_validator("baseline")
+    @classmethod
+    def _run_name(cls, value: object) -> object:
+        if isinstance(value, str) and value != LATEST_PASS:
+            try:  # a run id is a directory name: the rule fleet run's --run-id follows
+                check_name(value, what="baseline")
+            except UserError as e:
+                raise ValueError(f"{e} (or {LATEST_PASS})") from None
+        return value
 
     @model_validator(mode="after")
     def _perf_needs_scenario_and_level(self) -> Gate:
@@ -133,25 +184,33 @@ class Gate(Strict):
 
     @field_validator("threshold")
     @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
             msg = "threshold must be a finite number"
             raise ValueError(msg)
         return value
 
     @property
+    def baseline_run(self) -> str | None:
+        """The run this gate compares with (a run id or latest-pass), if it names one."""
+        return self.baseline if isinstance(self.baseline, str) else None
+
+    @property
     def label(self) -> str:
         where = f" [{self.scenario} @ {self.level}]" if self.scenario is not None else ""
-        return self.name or f"{self.metric}{where} {self.op} {self.threshold:g}{' x baseline' if self.baseline else ''}"
+        if self.baseline is None:
+            return self.name or f"{self.metric}{where} {self.op} {self.threshold:g}"
+        return self.name or f"{self.metric}{where} {self.op} {self.ratio:g} x {self.baseline_run or 'baseline'}"
 
     def bound(self, model: str, target: str) -> tuple[float | None, float | None]:
-        """(effective threshold, baseline used); (None, None) when the baseline has no entry for the target."""
+        """(effective threshold, baseline used) for a stored baseline; (None, None) when it has no
+        entry for the target. A run baseline's value comes from that run (fleet/analysis/baseline.py)."""
         if self.baseline is None:
             return self.threshold, None
         base = self.baseline if isinstance(self.baseline, float | int) else None
         if isinstance(self.baseline, dict):
             base = self.baseline.get(f"{model}/{target}", self.baseline.get(target))
-        return (None, None) if base is None else (self.threshold * base, float(base))
+        return (None, None) if base is None else ((self.ratio or 0.0) * base, float(base))
 
 
 def perf_key(metric: str, scenario: str, level: int) -> str:

@@ -318,8 +318,11 @@ class TestDoubleArgs(TargetArgs):
     __test__ = False  # not a pytest test class, despite the name
 
     kind: Literal["test-double"] = "test-double"
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({"perf"})
     vocab_size: int = Field(1000, ge=10, le=MAX_COUNT, description="Pseudo vocabulary size.")
-    seconds_per_token: float = Field(0.0, ge=0, le=60, description="Sleep per generated token (per request).")
+    seconds_per_token: float = Field(
+        0.0, ge=0, le=60, description="Sleep per generated token (per request); in a perf level, the stream's pace."
+    )
     logprob_shift: float = Field(0.0, ge=-100, le=100, description="Added to every logprob: a candidate that drifts.")
     fault_dir: UserPath | None = Field(None, description="Where once-only fault markers live (required for faults).")
     hang_shards: list[str] = Field(default_factory=list, description="Shard ids whose first attempt hangs.")

@@ -217,7 +217,8 @@ CONSISTENCY = {
 VERDICTS = {c: c for c in VERDICT_COLUMNS}
 EVIDENCE = {c: c for c in ("gate", "model", "target", "evidence")}  # a table of its own: the code is long
 ARCHITECTURE = {"config": "config", "value": "value"}
-COMPARE = {c: c for c in ("metric", "a", "b", "delta", "rel_delta", "direction", "gate", "verdict_a", "verdict_b")}
+COMPARE = {c: c for c in ("metric", "a", "b", "delta")} | {"delta_ci": "delta 95 % CI"}
+COMPARE |= {c: c for c in ("rel_delta", "direction", "gate", "verdict_a", "verdict_b")}
 # The first screen (fleet.report.summary). {at} is where the perf figures were measured: "@1" and
 # "@16" (a scenario's lowest and highest concurrency) or "(parity runs)".
 SUMMARY = {

@@ -2,7 +2,9 @@
 
 For every model x target in either run, each metric from A and from B (parity, throughput, task
 accuracy, the probes' summaries: fleet.report.model.RunReport.metric_frames), the delta B - A,
-and whether that delta is better or worse (by the metric's direction). With gates, each run is
+its 95 % interval where the figure can be resampled, and whether that delta is better or worse
+(by the metric's direction). A perf figure's interval resamples both runs' requests at that level
+(fleet/analysis/perf_resample.py): a delta whose interval holds 0 is within the runs' noise. With gates, each run is
 judged by the same gates and the verdicts sit next to the metric, so a PASS -> FAIL is a
 regression to look at. What changed in the environment (versions, devices, weights) is
 listed separately, since it is usually the explanation.
@@ -16,7 +18,8 @@ from pathlib import Path
 import polars as pl
 
 from fleet.analysis import gates as gate_mod
-from fleet.contracts.gates import METRICS, Gate
+from fleet.analysis import perf_resample
+from fleet.contracts.gates import METRICS, RESAMPLED, Gate, perf_key
 from fleet.report import columns
 from fleet.report.model import RunReport
 from fleet.report.table import markdown
@@ -120,6 +123,7 @@ def compare(run_a: Run, run_b: Run, *, gates: Sequence[Gate] | None = None) -> p
             _order=pl.col("metric").replace_strict(order, default=len(order), return_dtype=pl.Int64),
         )
     )
+    out = out.join(_delta_intervals(a, b), on=_KEYS, how="left")
     if gates:
         va = a.evaluate(gates).select("gate", *_KEYS, verdict_a="verdict")
         vb = b.evaluate(gates).select("gate", *_KEYS, verdict_b="verdict")
@@ -133,6 +137,20 @@ def compare(run_a: Run, run_b: Run, *, gates: Sequence[Gate] | None = None) -> p
     doubles = sorted(set(gate_mod.test_doubles(a.info)) | set(gate_mod.test_doubles(b.info)))
     out = out.with_columns(test_double=pl.col("target").is_in(doubles))
     return out.sort("model", "target", "_order", "metric", nulls_last=True).drop("_order")
+
+
+def _delta_intervals(a: RunReport, b: RunReport) -> pl.DataFrame:
+    """model, target, metric, delta_ci_low, delta_ci_high: the 95 % interval of b - a of every perf
+    figure both runs measured at the same scenario and level, requests resampled."""
+    levels_a, levels_b = (perf_resample.levels(r.tables["perf_requests"], r.tables["perf_levels"]) for r in (a, b))
+    rows = []
+    for key in sorted(levels_a.keys() & levels_b.keys()):
+        model, target, scenario, level = key
+        for metric in sorted(RESAMPLED):
+            low, high = perf_resample.delta_interval(metric.removeprefix("perf_"), levels_a[key], levels_b[key])
+            rows.append((model, target, perf_key(metric, scenario, level), low, high))
+    schema = {**dict.fromkeys(_KEYS, pl.String), "delta_ci_low": pl.Float64, "delta_ci_high": pl.Float64}
+    return pl.DataFrame(rows, schema=schema, orient="row").fill_nan(None)
 
 
 def _direction() -> pl.Expr:
@@ -178,7 +196,21 @@ def render(frame: pl.DataFrame, *, run_a: Run, run_b: Run) -> str:
         out += ["", f"## Gate changes: {changed.height}"]
         out += [""] if changed.height else []
         out += [f"- {r['model']}/{r['target']}: {r['gate']}: {r['change']}" for r in changed.iter_rows(named=True)]
+    out += ["", NO_INTERVAL]
+    ci = pl.concat_str(pl.lit("["), _compact("delta_ci_low"), pl.lit(", "), _compact("delta_ci_high"), pl.lit("]"))
+    frame = frame.with_columns(delta_ci=pl.when(pl.col("delta_ci_low").is_not_null()).then(ci).otherwise(pl.lit("—")))
     for (model, target), part in frame.group_by("model", "target", maintain_order=True):
         flag = " (TEST DOUBLE: no model ran, figures are meaningless)" if part["test_double"].any() else ""
         out += ["", f"## {model} / {target}{flag}", "", markdown(part, columns.COMPARE)]
     return "\n".join(out)
+
+
+NO_INTERVAL = (
+    "delta 95 % CI: of a perf figure, both runs' requests resampled; one holding 0 is within the runs' noise. "
+    "— : no interval for that figure (counts, parity and probe figures, a level only one run measured)."
+)
+
+
+def _compact(column: str) -> pl.Expr:
+    """A bound as text, 4 significant digits."""
+    return pl.col(column).round_sig_figs(4).cast(pl.String)

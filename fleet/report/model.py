@@ -25,9 +25,10 @@ import polars as pl
 from fleet.analysis import consistency, divergence, from_stats, load_parity, noise_floor, noise_model, probes
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
+from fleet.analysis.baseline import RunBaselines
 from fleet.analysis.noise_model import NoiseSpec
+from fleet.analysis.perf import slos, sweep_curve
 from fleet.analysis.perf import summary as perf_summary
-from fleet.analysis.perf import sweep_curve
 from fleet.contracts.gates import PERF_COLUMNS, Gate, perf_key
 from fleet.report.svg import PALETTE
 from fleet.results import reader
@@ -102,7 +103,7 @@ class RunReport:
             parity, first, per_prompt, seqs = _from_tokens(requests, tokens, ref, spec)
         sequences = _worst_sequences(texts, ref, seqs, per_prompt, top)
         # One row per run of a level; a sweep's probes (probe > 0) go to its own section, not the levels'.
-        runs = perf_summary(t["perf_requests"], t["perf_levels"], _slos(info)) if t["perf_levels"].height else None
+        runs = perf_summary(t["perf_requests"], t["perf_levels"], slos(info)) if t["perf_levels"].height else None
         swept = {s["name"]: s["sweep"]["min_share"] for s in info.perf if s.get("sweep")}
         report = cls(
             run_dir=run_dir,
@@ -165,10 +166,13 @@ class RunReport:
         v = self.verdicts
         if v is None or v.is_empty():
             return NO_VERDICT
-        n_fail = int((v["verdict"] == "FAIL").sum())
-        return (
-            f"FAIL: {n_fail} of {v.height} gate checks fail." if n_fail else f"PASS: all {v.height} gate checks pass."
-        )
+        n_fail, n_skip = int((v["verdict"] == "FAIL").sum()), int((v["verdict"] == "SKIP").sum())
+        skipped = f" {n_skip} skipped: no earlier passing run to compare with." if n_skip else ""
+        if n_fail:
+            return f"FAIL: {n_fail} of {v.height} gate checks fail.{skipped}"
+        if n_skip:
+            return f"PASS: {v.height - n_skip} of {v.height} gate checks pass, none fails.{skipped}"
+        return f"PASS: all {v.height} gate checks pass."
 
     def metric_frames(self) -> list[pl.DataFrame]:
         """Every per-(model, target) metric, no column in two frames: what gates check and compare diffs."""
@@ -200,7 +204,13 @@ class RunReport:
             extra=extra,
             doubles=gate_mod.test_doubles(self.info),
             incomplete=gate_mod.incomplete(self.info, self.tables["requests"]),
+            runs=self._baselines() if any(g.baseline_run for g in gates) else None,
         )
+
+    def _baselines(self) -> RunBaselines:
+        """The runs gates compare this one with, found in its results root (fleet/analysis/baseline.py)."""
+        t = self.tables
+        return RunBaselines(self.run_dir, self.info, t["perf_requests"], t["perf_levels"])
 
 
 def _load_parity(
@@ -216,11 +226,6 @@ def _load_parity(
         return None
     noise = parity.select("model", "target", "noise") if "noise" in parity.columns else None
     return load_parity.table(t["load_requests"], t["load_tokens"], requests, tokens, ref, spec=spec, noise=noise)
-
-
-def _slos(info: RunInfo) -> dict[str, dict[str, float | None]]:
-    """Scenario -> its SLO limits, for the scenarios that set one."""
-    return {s["name"]: s["slo"] for s in info.perf if s.get("slo")}
 
 
 def _perf_metrics(scenarios: pl.DataFrame) -> pl.DataFrame:

@@ -24,7 +24,7 @@ def gates_failed(run_dir: str | Path, model: str, target: str) -> str | None:
         return f"gates not evaluated: {e}"
     if verdicts is None:
         return None
-    failing = verdicts.filter((pl.col("model") == model) & (pl.col("target") == target) & (pl.col("verdict") != "PASS"))
+    failing = verdicts.filter((pl.col("model") == model) & (pl.col("target") == target) & (pl.col("verdict") == "FAIL"))
     return "gates failed: " + "; ".join(failing["gate"]) if failing.height else None
 
 
@@ -44,5 +44,5 @@ def stage_result(report: RunReport, model: str, target: str) -> str:
         else None
     )
     if mine is not None and not gate_mod.passed(mine):
-        return "gates failed: " + "; ".join(mine.filter(pl.col("verdict") != "PASS")["gate"])
+        return "gates failed: " + "; ".join(mine.filter(pl.col("verdict") == "FAIL")["gate"])
     return "passed"

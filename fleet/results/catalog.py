@@ -20,6 +20,7 @@ groups it needs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -146,6 +147,26 @@ def render_runs(frame: pl.DataFrame) -> str:
     shown = frame.select("run_id", "status", "models", "targets", "gates", "started_at")
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=300, fmt_str_lengths=60, tbl_hide_dataframe_shape=True):
         return str(shown) if shown.height else "no runs"
+
+
+def listed(frame: pl.DataFrame, *, shown: int = 8) -> str:
+    """ "3 runs there: a, b, c": what a message about a missing run says the root holds (the newest `shown`)."""
+    ids = frame["run_id"].to_list()
+    if not ids:
+        return "no runs there"
+    return f"{len(ids)} runs there: {'..., ' if len(ids) > shown else ''}{', '.join(ids[-shown:])}"
+
+
+def require_runs(results_root: str | Path, names: Iterable[str], *, what: str) -> None:
+    """Every run id in `names` is a run of `results_root`, else a UserError naming the root and its runs."""
+    names = sorted(set(names))
+    if not names:
+        return
+    frame = runs(results_root) if is_root(results_root) else pl.DataFrame(schema=RUNS_SCHEMA)
+    missing = [name for name in names if name not in set(frame["run_id"])]
+    if missing:
+        msg = f"{what} {missing[0]!r} is not in {results_root} ({listed(frame)})"
+        raise UserError(msg)
 
 
 def record_verdict(run_dir: str | Path, verdict: str) -> None:

@@ -22,10 +22,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleet.contracts.errors import UserError
+from fleet.contracts.gates import LATEST_PASS
 from fleet.contracts.inputs import check_name, check_url, clip, cut, inside, read_text
 from fleet.contracts.schema import SCHEMA_VERSION
 from fleet.contracts.targets import SOURCE_PREFLIGHT, engine_side
 from fleet.results import reader
+from fleet.results.catalog import require_runs
 from fleet.results.direct import DirectSink, actors_write
 from fleet.results.info import RunInfo
 from fleet.results.store import RUN_JSON, RunStore, join, now
@@ -140,6 +142,9 @@ def check(
     if taken:
         msg = f"{run_dir}: run directory already exists; choose another --run-id"
         raise UserError(msg)
+    named = [g.baseline_run for g in manifest.gates if g.baseline_run not in (None, LATEST_PASS)]
+    with _storage(results_dir):
+        require_runs(results_dir, [n for n in named if n is not None], what="gates: baseline run")
     unresolved = _preflight(manifest)
     if unresolved and len(unresolved) == len(manifest.models):  # nothing could run: nothing is started
         msg = f"{manifest_path}: no model's source can be resolved, so nothing would run; "

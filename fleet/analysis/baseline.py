@@ -1,0 +1,136 @@
+"""Gates against an earlier run: a gate whose `baseline` names a run (its id, or `latest-pass`) in the
+same results root, judged on a 95 % bootstrap interval of measured / baseline.
+
+The rule (docs/metrics.md): `measured >= ratio x baseline` fails only when the whole interval of
+measured / baseline lies below `ratio` (its upper end < ratio); `<=` fails only when its lower end
+lies above it. Request-to-request noise widens the interval and cannot fail a gate; a drop larger
+than the margin, measured on enough requests to be sure of it, does. The interval resamples both
+runs' requests at that scenario and level (fleet/analysis/perf_resample.py).
+
+`latest-pass` is the newest run of the results root that started before this one, recorded a PASS
+(`fleet run` writes its verdict to run.json and the root's catalog) and ran this model and target,
+found from the catalog (fleet/results/catalog.py) without opening any run.json. When there is none
+the gate is SKIP with a reason, not FAIL: the first run of a series has nothing to compare with,
+and a FAIL would keep every later run from finding a passing one. A named run id missing from the
+root is a FAIL naming the root and the runs it holds (`fleet run` refuses such a gate before it
+starts: fleet/run/driver.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from fleet.analysis import perf_resample
+from fleet.analysis.gates import OPS
+from fleet.analysis.perf import first_runs, slos
+from fleet.analysis.perf import summary as perf_summary
+from fleet.contracts.errors import UserError
+from fleet.contracts.gates import LATEST_PASS, Gate
+from fleet.results import catalog, reader, store
+from fleet.results.info import RunInfo
+
+
+def results_root(run_dir: str | Path) -> str | Path:
+    """The results root holding `run_dir` (a local path or a URI), in the form it came in."""
+    if isinstance(run_dir, Path):
+        return run_dir.parent
+    return str(run_dir).rstrip("/").rpartition("/")[0] or "."
+
+
+class RunBaselines:
+    """The baseline runs of one run's gates: resolved from its results root's catalog once, their
+    perf rows read once each, their levels resampled against this run's."""
+
+    def __init__(self, run_dir: str | Path, info: RunInfo, perf_requests: pl.DataFrame, perf_levels: pl.DataFrame):
+        self.run_dir, self.info, self.root = run_dir, info, results_root(run_dir)
+        self.levels = perf_resample.levels(perf_requests, perf_levels)
+        self._runs: pl.DataFrame | None = None
+        self._loaded: dict[str, tuple[pl.DataFrame, dict[tuple[str, str, str, int], perf_resample.Level]]] = {}
+
+    @property
+    def runs(self) -> pl.DataFrame:
+        if self._runs is None:
+            try:
+                self._runs = catalog.runs(self.root).filter(pl.col("run_id") != self.info.run_id)
+            except UserError:  # the root cannot be listed (the run directory was copied out alone)
+                self._runs = pl.DataFrame(schema=catalog.RUNS_SCHEMA)
+        return self._runs
+
+    def resolve(self, name: str, model: str, target: str) -> tuple[str | None, str]:
+        """(run id, "") for the baseline run, or (None, why there is none)."""
+        runs = self.runs
+        if name != LATEST_PASS:
+            row = runs.filter(pl.col("run_id") == name)
+            if row.is_empty():
+                return None, f"baseline run {name} is not in {self.root} ({catalog.listed(runs)})"
+            return name, ""
+        started = self.info.started_at or "~"  # "~" sorts after every ISO time: no start time, every run is earlier
+        passing = runs.filter(
+            pl.col("gates") == "PASS",
+            pl.col("started_at") < started,
+            pl.col("models").str.split(", ").list.contains(model),
+            pl.col("targets").str.split(", ").list.contains(target),
+        )
+        if passing.is_empty():
+            return None, f"no earlier run of {model}/{target} in {self.root} passed its gates"
+        return passing.sort("started_at", "run_id")["run_id"][-1], ""
+
+    def _load(self, run_id: str) -> tuple[pl.DataFrame, dict[tuple[str, str, str, int], perf_resample.Level]]:
+        if run_id not in self._loaded:
+            run_dir = store.join(self.root, run_id)
+            tables = reader.load(run_dir)
+            requests, levels = first_runs(tables["perf_requests"]), first_runs(tables["perf_levels"])
+            figures = perf_summary(requests, levels, slos(reader.read_info(run_dir))) if levels.height else None
+            self._loaded[run_id] = (
+                figures if figures is not None else pl.DataFrame(),
+                perf_resample.levels(requests, levels),
+            )
+        return self._loaded[run_id]
+
+    def judge(self, gate: Gate, model: str, target: str, measured: float) -> dict[str, Any]:
+        """The verdict-row fields of `gate` on a measured value against its baseline run."""
+        assert gate.baseline_run is not None and gate.scenario is not None and gate.level is not None
+        run_id, why = self.resolve(gate.baseline_run, model, target)
+        if run_id is None:
+            skip = gate.baseline_run == LATEST_PASS
+            note = ": nothing to compare with (a series' first run), skipped" if skip else ""
+            return {"verdict": "SKIP" if skip else "FAIL", "reason": why + note}
+        column = gate.metric.removeprefix("perf_")
+        key = (model, target, gate.scenario, gate.level)
+        figures, levels = self._load(run_id)
+        base = _value(figures, key, column)
+        row: dict[str, Any] = {"baseline_run": run_id}
+        if base is None or key not in levels or key not in self.levels or base == 0:
+            where = f"{model}/{target} {gate.scenario} @ {gate.level}"
+            return row | {"verdict": "FAIL", "reason": f"baseline run {run_id} has no {gate.metric} for {where}"}
+        low, high = perf_resample.ratio_interval(column, self.levels[key], levels[key])
+        ratio = gate.ratio or 0.0
+        row |= {"baseline": base, "threshold": ratio * base, "ci_low": low, "ci_high": high}
+        if low != low:  # NaN: too few defined resamples
+            return row | {
+                "verdict": "FAIL",
+                "reason": f"no interval of measured / baseline ({run_id}): too few requests",
+            }
+        # The end of the interval most favourable to the candidate must fail the bound for a FAIL.
+        end = high if gate.op in (">=", ">") else low
+        passed = OPS[gate.op](end, ratio)
+        share = measured / base
+        reason = (
+            f"measured / {run_id} = {share:.4f}, 95 % CI [{low:.4f}, {high:.4f}]; "
+            f"{'some' if passed else 'no'} value in it is {gate.op} {ratio:g}"
+        )
+        return row | {"verdict": "PASS" if passed else "FAIL", "reason": reason}
+
+
+def _value(figures: pl.DataFrame, key: tuple[str, str, str, int], column: str) -> float | None:
+    if figures.is_empty():
+        return None
+    model, target, scenario, level = key
+    rows = figures.filter(
+        pl.col("model") == model, pl.col("target") == target, pl.col("scenario") == scenario, pl.col("level") == level
+    )
+    value = rows[column][0] if rows.height else None
+    return None if value is None or value != value else float(value)

@@ -1,0 +1,143 @@
+"""A perf level's figures on bootstrap resamples of its requests: the interval `fleet compare`
+prints beside a perf delta, and the one a gate against a baseline run judges (fleet/analysis/baseline.py).
+
+The resampling unit is the request (the report's parity intervals resample prompts the same way,
+fleet/analysis/bootstrap.py, whose count-based quantiles this reuses). Every figure is the one
+fleet/analysis/perf.py gives, recomputed on the drawn requests:
+
+* latency means and quantiles (ttft, tpot, e2e over requests; itl over every gap of the drawn
+  requests, each gap drawn with its request) directly;
+* prefill_tok_s as drawn prompt tokens / drawn TTFT;
+* rates (output_tok_s, total_tok_s, qps) need the level's wall time, which is no per-request
+  quantity: on a resample it scales with the drawn requests' summed e2e. A level keeps its slots
+  busy, so its wall is their summed service time over the level; a resample's rate is the measured
+  rate x (drawn tokens / all tokens) / (drawn e2e / all e2e). With every request drawn once it is
+  the measured figure exactly.
+
+What this interval does not hold is a whole run being slower (a busier machine that day): that
+moves every request alike. A gate's `ratio` is the margin for it (docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from fleet.analysis import perf
+from fleet.analysis.bootstrap import draws, resampled_quantiles
+
+RESAMPLES = 2000
+LEVEL = 0.95  # the interval's coverage
+_RATES = {"qps", "output_tok_s", "total_tok_s"}
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level's requests as arrays (a failed request: not done, no latency), and its wall time."""
+
+    done: np.ndarray
+    n_out: np.ndarray  # output tokens of completed requests (0 for failed ones, as perf.py counts)
+    n_prompt: np.ndarray
+    latency: dict[str, np.ndarray]  # ttft, tpot, e2e: NaN where not measured
+    itl: np.ndarray  # every gap of every completed request
+    itl_request: np.ndarray  # the request of each gap
+    wall_s: float
+
+    @classmethod
+    def of(cls, requests: pl.DataFrame, wall_s: float) -> Level:
+        """From one level's perf_requests rows and its perf_levels wall_s."""
+        done = requests["error"].is_null().to_numpy()
+
+        def column(name: str) -> np.ndarray:
+            values = requests[name].cast(pl.Float64).fill_null(np.nan).to_numpy().copy()
+            values[~done] = np.nan
+            return values
+
+        gaps = requests.select(pl.int_range(pl.len()).alias("request"), "itl_s", "error")
+        gaps = gaps.filter(pl.col("error").is_null()).explode("itl_s").drop_nulls("itl_s")
+        return cls(
+            done=done,
+            n_out=np.where(done, requests["n_output_tokens"].cast(pl.Float64).fill_null(0).to_numpy(), 0.0),
+            n_prompt=np.where(done, requests["n_prompt_tokens"].cast(pl.Float64).fill_null(0).to_numpy(), 0.0),
+            latency={m: column(f"{m}_s") for m in ("ttft", "tpot", "e2e")},
+            itl=gaps["itl_s"].to_numpy(),
+            itl_request=gaps["request"].to_numpy(),
+            wall_s=float(wall_s),
+        )
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.done)
+
+    def figure(self, column: str, drawn: np.ndarray) -> np.ndarray:
+        """`column` of perf.summary (e.g. output_tok_s, ttft_p99_s) on each resample (rows of `drawn`)."""
+        w = drawn.astype(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if column in _RATES:
+                numerator = {"qps": self.done.astype(float), "output_tok_s": self.n_out}.get(
+                    column, self.n_out + self.n_prompt
+                )
+                e2e = np.nan_to_num(self.latency["e2e"])
+                wall = self.wall_s * (w @ e2e) / e2e.sum()
+                return (w @ numerator) / wall
+            if column == "prefill_tok_s":
+                ttft = self.latency["ttft"]
+                measured = ~np.isnan(ttft)
+                return (w @ np.where(measured, self.n_prompt, 0.0)) / (w @ np.nan_to_num(ttft))
+            name, stat, _ = column.split("_")
+            if name == "itl":
+                values, unit = self.itl, self.itl_request
+            else:
+                values = self.latency[name]
+                unit = np.flatnonzero(~np.isnan(values))
+                values = values[unit]
+            if stat == "mean":
+                sums = np.bincount(unit, weights=values, minlength=self.n_requests)
+                counts = np.bincount(unit, minlength=self.n_requests)
+                return (w @ sums) / (w @ counts)
+            return resampled_quantiles(values, unit, drawn, int(stat[1:]) / 100)
+
+
+def _resampled(column: str, a: Level, b: Level, *, resamples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return a.figure(column, draws(rng, a.n_requests, resamples)), b.figure(column, draws(rng, b.n_requests, resamples))
+
+
+def _bounds(values: np.ndarray) -> tuple[float, float]:
+    finite = values[np.isfinite(values)]
+    if len(finite) < len(values) * LEVEL:  # most resamples undefined: no interval to give
+        return float("nan"), float("nan")
+    low, high = np.quantile(finite, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return float(low), float(high)
+
+
+def ratio_interval(
+    column: str, measured: Level, baseline: Level, *, resamples: int = RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
+    """95 % interval of measured / baseline for one figure, both runs' requests resampled independently."""
+    m, b = _resampled(column, measured, baseline, resamples=resamples, seed=seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _bounds(m / b)
+
+
+def delta_interval(
+    column: str, a: Level, b: Level, *, resamples: int = RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
+    """95 % interval of b - a for one figure, both runs' requests resampled independently."""
+    ra, rb = _resampled(column, a, b, resamples=resamples, seed=seed)
+    return _bounds(rb - ra)
+
+
+def levels(requests: pl.DataFrame, levels_table: pl.DataFrame) -> dict[tuple[str, str, str, int], Level]:
+    """(model, target, scenario, level) -> its Level, from a run's perf_requests and perf_levels."""
+    requests, levels_table = perf.first_runs(requests), perf.first_runs(levels_table)
+    keys = ["model", "target", "scenario", "level"]
+    walls = {tuple(r[:4]): r[4] for r in levels_table.select(*keys, "wall_s").iter_rows()}
+    out = {}
+    for key, part in requests.group_by(keys, maintain_order=True):
+        wall = walls.get(tuple(key))
+        if wall is not None and part.height:
+            out[(str(key[0]), str(key[1]), str(key[2]), int(key[3]))] = Level.of(part.sort("request_index"), wall)
+    return out
