@@ -7,8 +7,8 @@ Each replicated run is deleted once measured (100M rows take a few minutes to bu
 
     .venv/bin/python benchmarks/report_scale.py SOURCE_RUN [--rows 10000000 100000000]
 
-SOURCE_RUN: a finished run directory (e.g. one of `make demo`). A run from before prompt_stats
-gets them computed from its token rows (as its shards would write them today); with
+SOURCE_RUN: a finished run directory (e.g. one of `make demo`). A run from before prompt_stats (or
+from before one of its columns) gets them computed from its token rows (as its shards would write them today); with
 `--no-prompt-stats` the copy has none, and the report reads token rows (the path older runs take).
 """
 
@@ -37,7 +37,8 @@ def replicate(source: Path, dest: Path, *, rows: int, batch: int = 256, stats: b
 
     info = RunStore(source).info()  # run.json as stored: the copy keeps every field
     tables = {name: frame.collect() for name, frame in reader.load(source).items()}
-    if stats and tables["prompt_stats"].height == 0:
+    # A run from before prompt_stats, or from before a column of it: summarized as a shard is today.
+    if stats and tables["prompt_stats"]["ref_top1_in_topk"].null_count() == tables["prompt_stats"].height:
         tables["prompt_stats"] = pl.DataFrame(prompt_stats.summarize(tables["tokens"].to_arrow()))
     if not stats:
         del tables["prompt_stats"]

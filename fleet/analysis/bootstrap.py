@@ -97,18 +97,28 @@ class _Sorted:
         return _lerp(self.values[lo], self.values[hi], index - below)
 
 
+def log_bins(values: np.ndarray) -> np.ndarray:
+    """Each value's bin, floor(log2(value) x BINS_PER_OCTAVE), as int32; _ZERO for zeros."""
+    # float32 is ample for a bin 1.1 % wide, and half the memory and time of float64. Every value
+    # goes through log2 (zeros give -inf, replaced after): no masked copies of a run-sized array.
+    logs = values.astype(np.float32)
+    with np.errstate(divide="ignore"):
+        np.log2(logs, out=logs)
+    logs *= BINS_PER_OCTAVE
+    np.floor(logs, out=logs)
+    logs[~(values > 0)] = 0.0
+    bins = logs.astype(np.int32)
+    bins[~(values > 0)] = _ZERO
+    return bins
+
+
 class _Binned:
     """Per-block log-binned histograms of non-negative values: quantiles of block resamples."""
 
     def __init__(self, values: np.ndarray, block: np.ndarray, units: int) -> None:
         bins = np.empty(len(values), dtype=np.int32)  # _ZERO for zeros
         for at in range(0, len(values), _CHUNK):  # in chunks: the temporaries stay small on a big run
-            chunk = values[at : at + _CHUNK]
-            positive = chunk > 0
-            part = np.full(len(chunk), _ZERO, dtype=np.int32)
-            # float32 is ample for a bin 1.1 % wide, and half the memory and time of float64.
-            part[positive] = np.floor(np.log2(chunk[positive].astype(np.float32)) * BINS_PER_OCTAVE)
-            bins[at : at + _CHUNK] = part
+            bins[at : at + _CHUNK] = log_bins(values[at : at + _CHUNK])
         positive = bins != _ZERO
         lowest = int(bins[positive].min()) if positive.any() else 0
         # The median's bin, from the pooled histogram (zeros first), not from sorting the values.
