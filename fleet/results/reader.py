@@ -141,6 +141,7 @@ def scan(fs: pafs.FileSystem, files: list[str], declared: pa.Schema | None = Non
         )
     # Polars applies the filters itself: pyarrow's null semantics in comparisons differ.
     import pyarrow.dataset as ds  # imports pandas: 0.2 s no report of a local run needs
+
     dataset = ds.dataset(files, filesystem=fs, format="parquet", schema=declared)
     return pl.scan_pyarrow_dataset(dataset, allow_pyarrow_filter=False)
 

@@ -151,6 +151,7 @@ class RunStore:
         if not files:
             return set()
         import pyarrow.dataset as ds  # imports pandas: 0.2 s no report of a local run needs
+
         dataset = ds.dataset(files, filesystem=self.fs, format="parquet")  # files read in parallel
         return set(dataset.to_table(columns=["shard_id"]).column("shard_id").to_pylist())
 
@@ -160,6 +161,7 @@ class RunStore:
         if not files:
             return set()
         import pyarrow.dataset as ds  # imports pandas: 0.2 s no report of a local run needs
+
         rows = ds.dataset(files, filesystem=self.fs, format="parquet").to_table(
             columns=["model", "target", "scenario", "level"]
         )
@@ -172,6 +174,7 @@ class RunStore:
             files = parquet_files(self.fs, f"{self.root}/{kind}")
             if files:
                 import pyarrow.dataset as ds  # imports pandas: 0.2 s no report of a local run needs
+
                 rows = ds.dataset(files, filesystem=self.fs, format="parquet").to_table(columns=["model", "target"])
                 done |= {f"{r['model']}/{r['target']}/probe-{kind}" for r in rows.to_pylist()}
         return done
