@@ -125,11 +125,19 @@ class Pairs:
 
     def candidates(self) -> Iterator[tuple[str, str, int, int, int, int]]:
         """(model, target, first cand row, end, first seq row, end) of each candidate's blocks."""
-        cand = self.cand.select(RUN).with_row_index().group_by(RUN, maintain_order=True)
-        seq = self.seq.select(RUN).with_row_index().group_by(RUN, maintain_order=True)
-        bounds = pl.col("index").min().alias("first"), (pl.col("index").max() + 1).alias("end")
-        both = cand.agg(*bounds).join(seq.agg(*bounds), on=RUN, how="left", suffix="_seq")
+        both = _runs(self.cand).join(_runs(self.seq), on=RUN, how="left", suffix="_seq")
         yield from both.with_columns(pl.col("first_seq", "end_seq").fill_null(0)).iter_rows()
+
+
+def _runs(frame: pl.DataFrame) -> pl.DataFrame:
+    """RUN, first and end row of each run of equal (model, target) in `frame`, where each candidate's
+    rows lie together: found where the keys change, not by grouping every row on its strings."""
+    change = frame.select(pl.struct(RUN).rle_id()).to_series().to_numpy()
+    first = np.flatnonzero(np.diff(change, prepend=-1)) if len(change) else np.zeros(0, dtype=np.int64)
+    end = np.append(first[1:], len(change)).astype(np.int64)
+    return frame.select(RUN)[first].with_columns(
+        first=pl.Series(first, dtype=pl.UInt32), end=pl.Series(end, dtype=pl.UInt32)
+    )
 
 
 def first_step(pairs: Pairs) -> pl.DataFrame:
