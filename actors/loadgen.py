@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 
 Stream = Callable[[list[int], int], AsyncGenerator[Chunk, None]]
+# Called in the event loop as each measured request is sent, with its index: what else a level
+# sends beside its load hooks in here (parity under load, actors/load_parity.py).
+OnSend = Callable[[int], None]
 
 
 def synthetic_prompts(tokenizer: Any, *, n: int, length: int, seed: int) -> list[list[int]]:
@@ -103,15 +106,15 @@ def prepare_level(
     *,
     tokenizer: Any,
     max_model_len: int | None,
-) -> Callable[[Stream], Coroutine[Any, Any, PerfResult]]:
+) -> Callable[[Stream, OnSend | None], Coroutine[Any, Any, PerfResult]]:
     """Tokenize one level's prompts and check them against the context now, before anything is
-    sent; return `measure(stream)`, which runs the level on the engine's stream (`measure_level`)."""
+    sent; return `measure(stream, on_send)`, which runs the level on the engine's stream (`measure_level`)."""
     measured, warmup = prompt_ids(scenario, tokenizer, prompts, level=level)
     if max_model_len:
         check_fits(scenario, measured + warmup, max_model_len)
     model, target = engine.model, engine.args.name
 
-    def measure(stream: Stream) -> Coroutine[Any, Any, PerfResult]:
+    def measure(stream: Stream, on_send: OnSend | None = None) -> Coroutine[Any, Any, PerfResult]:
         return measure_level(
             stream,
             scenario,
@@ -121,6 +124,7 @@ def prepare_level(
             model=model.name,
             model_weights=model.weights,
             target=target,
+            on_send=on_send,
         )
 
     return measure
@@ -195,6 +199,7 @@ async def _schedule(
     rate: float | None,
     seed: int,
     burstiness: float = 1.0,
+    on_send: OnSend | None = None,
 ) -> tuple[float, float, list[_Timing]]:
     """Send `prompts` with at most `level` in flight: (start on perf_counter, on the wall clock, timings)."""
     start, started_at = _now(), time.time()
@@ -223,6 +228,8 @@ async def _schedule(
         t = _Timing(index=i, scheduled=due if rate is not None else freed, n_prompt=len(ids))
         timings.append(t)
         tasks.append(asyncio.create_task(run(ids, t)))
+        if on_send is not None:
+            on_send(i)
     await asyncio.gather(*tasks)
     return start, started_at, timings
 
@@ -237,8 +244,10 @@ async def measure_level(
     model: str,
     model_weights: str,
     target: str,
+    on_send: OnSend | None = None,
 ) -> PerfResult:
-    """Warm up (unrecorded, closed loop), then send `prompts` on the scenario's schedule at `level`."""
+    """Warm up (unrecorded, closed loop), then send `prompts` on the scenario's schedule at `level`
+    (`on_send(i)` as the i-th is sent)."""
     out = scenario.output_tokens
     *_, warm = await _schedule(stream, warmup, out, level=level, rate=None, seed=scenario.seed)
     if failed := [t.error for t in warm if t.error]:
@@ -252,6 +261,7 @@ async def measure_level(
         rate=scenario.request_rate,
         seed=scenario.seed,
         burstiness=scenario.burstiness,
+        on_send=on_send,
     )
     wall = max((t.ended or start for t in timings), default=start) - start
     keys = {"model": model, "model_weights": model_weights, "target": target, "scenario": scenario.name, "level": level}

@@ -226,8 +226,16 @@ class OpenAIEngine(Engine):
 
         return pa.Table.from_pylist(asyncio.run(run()), schema=schema.SMOKE)
 
-    def perf(self, scenario: Scenario, level: int, prompts: Sequence[str | Prompt] | None = None) -> PerfResult:
-        """One level of a perf scenario over streaming HTTP (SSE); see actors/loadgen.py."""
+    def perf(
+        self,
+        scenario: Scenario,
+        level: int,
+        prompts: Sequence[str | Prompt] | None = None,
+        parity_prompts: Sequence[Prompt] | None = None,
+    ) -> PerfResult:
+        """One level of a perf scenario over streaming HTTP (SSE); see actors/loadgen.py. The
+        scenario's `parity:` prompts go as `generate` sends them, alone and mid-load (actors/load_parity.py)."""
+        from actors.load_parity import run_level
         from actors.loadgen import prepare_level
 
         tokenizer, max_len = self.tokenizer, self.max_model_len
@@ -235,7 +243,18 @@ class OpenAIEngine(Engine):
 
         async def run() -> PerfResult:
             async with self.http.session(0) as session:  # 0: no connection cap, the level is the cap
-                return await measure(functools.partial(self.http.stream, session))
+
+                async def complete(prompt: Prompt) -> Completion:
+                    route, body, sent = self._request(prompt)
+                    t0 = time.perf_counter()
+                    answer = await self.http.post(session, route, body)
+                    return self._completion(prompt, route, sent, answer, time.perf_counter() - t0)
+
+                stream = functools.partial(self.http.stream, session)
+                return await run_level(
+                    measure, stream, engine=self, scenario=scenario, level=level, prompts=parity_prompts,
+                    complete=complete,
+                )  # fmt: skip
 
         return asyncio.run(run())
 

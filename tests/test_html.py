@@ -27,7 +27,7 @@ from fleet.report.sections import sections
 
 # scatter, drift by position, divergence, setting effects, TTFT CDF, E2E CDF, concurrency sweep,
 # layer rel_l2 and cosine
-N_PLOTS = 9
+N_PLOTS = 12  # drilldown: its curve; load_parity: TF p99 and real divergences by level
 GATES = gates.parse(
     [
         {"metric": "first_top1_agreement", "op": ">=", "threshold": 1.0},

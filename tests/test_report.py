@@ -22,16 +22,21 @@ from test_compare import DIVERGED, SAME, _table, write_model_dir, write_run
 from test_perf import _request
 from test_probes import layers_frame, logits_frame
 
+from actors import capture
 from fleet import cli
 from fleet.analysis import gates, probes
 from fleet.contracts import schema
 from fleet.contracts.gates import Gate
+from fleet.contracts.spec import DrillPoint
 from fleet.report import columns, compare, html, markdown, summary, text
 from fleet.report.blocks import NOT_MEASURED
 from fleet.report.layouts import seed_sections
 from fleet.report.model import RunReport
 from fleet.report.sections import sections
+from fleet.results import reader
 from fleet.results.store import RunStore
+from fleet.run.drill import drilldown_rows
+from fleet.run.plan import DrillCall
 
 VARIANTS = {
     "v.eager-true": {"base": "v", "settings": {"enforce_eager": True}},
@@ -67,6 +72,20 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
         {"check": "chat/completions", "passed": False, "status": 500, "latency_s": 0.07, "error": "HTTP 500: a | b"},
     ]
     store.write("smoke", "m/cand/smoke/00000", _table(schema.SMOKE, [weights | {"target": "cand"} | r for r in smoke]))
+    # Parity under load at both levels: the candidate's own parity rows, as if sent alone and mid-load.
+    stored = {
+        name: reader.load(run)[name].filter(pl.col("target") == "cand").collect() for name in ("requests", "tokens")
+    }
+    for level in (1, 4):
+        at = [
+            pl.lit("decode").alias("scenario"),
+            pl.lit(level, pl.Int32).alias("level"),
+            pl.lit(level).alias("in_flight_sent"),
+        ]
+        for name, frame in stored.items():
+            both = pl.concat([frame.with_columns(*at, phase=pl.lit(phase)) for phase in schema.LOAD_PHASES])
+            declared = schema.all_tables()[f"load_{name}"]
+            store.write(f"load_{name}", f"m/cand/decode/{level:05d}", schema.conform(both.to_arrow(), declared))
     rng = np.random.default_rng(0)
     ref = probes.log_normalize(rng.normal(size=(2, 16))).astype(np.float32)
     noisy = (ref + noise * rng.normal(size=ref.shape)).astype(np.float32)
@@ -79,7 +98,24 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
         for target in ("ref", "cand"):
             rows = frame.filter(pl.col("target") == target).with_columns(model_weights=pl.lit(weights["model_weights"]))
             store.write(name, f"m/{target}/s/00000", rows.to_arrow())
+    write_drilldown(store, weights, rng)
     return run
+
+
+def write_drilldown(store: RunStore, weights: dict[str, str], rng: np.random.Generator) -> None:
+    """The drill-down at cand's divergence on p2 (token 1), as fleet/run/drill.py stores it: the
+    reference, its float32 twin (1e-7 off) and cand, broken from layer 2's attention output on."""
+    labels = [(0, "embed"), (1, "attention"), (1, "mlp"), (1, "decoder")]
+    labels += [(2, "attention"), (2, "mlp"), (2, "decoder"), (3, "norm")]
+    ref = [rng.normal(size=(1, 8)) for _ in labels]
+    twin = [h + 1e-7 * rng.normal(size=h.shape) for h in ref]
+    cand = [h + (0.3 if i >= 4 else 0.0) * rng.normal(size=h.shape) for i, h in enumerate(ref)]
+    point = DrillPoint("cand", "s", "p2", 1, (1, 2, 5))
+    for target, dtype, hidden in (("ref", None, ref), ("ref", "float32", twin), ("cand", None, cand)):
+        rows = capture.LayerRows("0", [1, 2, 5], [2], labels, hidden)
+        layers = capture.layers_table(weights | {"target": target, "prompt_set": "drilldown"}, [rows])
+        call = DrillCall("m", target, dtype, (point,))
+        store.write("drilldown", call.key, drilldown_rows(layers, call))
 
 
 @pytest.fixture
@@ -117,10 +153,12 @@ def test_every_section_in_every_format(full: RunReport) -> None:
         "smoke": ["chat/completions", "HTTP 500: a | b"],
         "logits": [logits_cos],
         "layers": ["decoder", "0.02"],
+        "drilldown": ["prompt p2 diverges at token 1; the error first exceeds precision at layer 2 (attention output)"],
         "matrix": ["enforce_eager=False", "enforce_eager: true vs false", "s/p2"],
         # eager vs graph part on one prompt beyond the noise (s/p2): the setting is above the noise.
         "setting_effects": ["v.eager-false", "1 of 2 greedy paths change beyond the noise", "above noise"],
         "noise_floor": ["cand.repeat-2", "bit-identical to its rerun"],
+        "load_parity": ["decode", "the batch changed the answer"],
         "environment": ["Test CPU", "0123456789abcdef"],
         "architecture": ["LlamaForCausalLM", "10000.0", "40"],
         "gates": ["FAIL: 3 of 8 gate checks fail.", "0.5 >= 1 is false"],
@@ -227,8 +265,9 @@ def test_one_colour_per_target_in_every_plot(full: RunReport) -> None:
         colours
     )
     assert len({full.colors[t] for t in ("ref", "cand", "v.eager-true", "v.eager-false")}) == 4
-    # cand is in every plot: scatter, drift, divergence, 2 latency CDFs, the concurrency sweep, 2 layer curves.
-    assert sum(label == "cand" for _, label in legend) == 8
+    # cand is in every plot: scatter, drift, divergence, 2 latency CDFs, the concurrency sweep, parity vs
+    # load (TF p99 and real divergences), 2 layer curves, the drill-down's curve.
+    assert sum(label == "cand" for _, label in legend) == 11
 
 
 def test_cli_report_writes_every_format_and_exits_on_gates(

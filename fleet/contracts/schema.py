@@ -156,8 +156,14 @@ TABLES: dict[str, pa.Schema] = {
 
 
 def all_tables() -> dict[str, pa.Schema]:
-    """Every table a run directory may hold: parity (TABLES), perf, and probe tables."""
-    return TABLES | PERF_TABLES | globals().get("PROBE_TABLES", {})
+    """Every table a run directory may hold: parity (TABLES), perf, parity under load, probe and drill-down tables."""
+    return (
+        TABLES
+        | PERF_TABLES
+        | globals().get("LOAD_TABLES", {})
+        | globals().get("PROBE_TABLES", {})
+        | globals().get("DRILLDOWN_TABLES", {})
+    )
 
 
 # The pages `make docs` keeps in sync with the code: the tables' columns (between <!-- schema:NAME -->
@@ -353,6 +359,49 @@ PERF_TABLES: dict[str, pa.Schema] = {
 }
 
 
+# Parity under load (a perf scenario's `parity:`, fleet/contracts/spec.py): the parity prompts'
+# requests and token rows at each level, sent alone before the load ("solo") and mid-load ("load"),
+# keyed like the perf tables by scenario and level; their other columns are REQUESTS' and TOKENS'
+# (the reference's teacher-forced columns included), so the parity analysis reads them as it reads
+# a candidate's shards (fleet/analysis/load_parity.py).
+LOAD_PHASES = ("solo", "load")  # each prompt alone on the engine before the load; all of them mid-load
+
+_LOAD_KEYS = [REQUESTS.field(c) for c in ("run_id", "model", "model_weights", "target", "prompt_set")] + [
+    pa.field("scenario", pa.string(), nullable=False, metadata={"doc": "perf scenario name"}),
+    pa.field("level", pa.int32(), nullable=False, metadata={"doc": "concurrency: requests in flight at most"}),
+    pa.field(
+        "phase",
+        pa.string(),
+        nullable=False,
+        metadata={"doc": "'solo': sent alone before the load (concurrency 1); 'load': sent mid-load"},
+    ),
+    pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+]
+_LOAD_SKIP = {f.name for f in _LOAD_KEYS} | {"shard_id"}
+
+LOAD_REQUESTS = _schema(
+    "load_requests",
+    [
+        *_LOAD_KEYS,
+        pa.field(
+            "in_flight_sent",
+            pa.int32(),
+            metadata={"doc": "the scenario's own requests in flight when this one was sent (solo: 0)"},
+        ),
+        pa.field(
+            "in_flight_done",
+            pa.int32(),
+            metadata={"doc": "the scenario's own requests in flight when this one completed (solo: 0)"},
+        ),
+        *(f for f in REQUESTS if f.name not in _LOAD_SKIP),
+    ],
+)
+
+LOAD_TOKENS = _schema("load_tokens", [*_LOAD_KEYS, *(f for f in TOKENS if f.name not in _LOAD_SKIP)])
+
+LOAD_TABLES: dict[str, pa.Schema] = {"load_requests": LOAD_REQUESTS, "load_tokens": LOAD_TOKENS}
+
+
 # Probe tables (issue 6), opt-in per manifest: full-vocabulary logprobs (the Qwen2.5 report's
 # logits comparison) and hidden states after every layer (the Llama-3.2 report's layer-wise
 # comparison). The float vectors are one list<float32> per row, never one row per element;
@@ -393,7 +442,13 @@ PROBE_LAYERS = _schema(
             nullable=False,
             metadata={"doc": "0 = embeddings, i = output of decoder layer i (1-based), L + 1 = after the final norm"},
         ),
-        pa.field("kind", pa.string(), metadata={"doc": "'embed', 'decoder' or 'norm'"}),
+        pa.field(
+            "kind",
+            pa.string(),
+            metadata={
+                "doc": "'embed', 'decoder' or 'norm'; drill-down: also 'attention' and 'mlp', layer i's sub-layers"
+            },
+        ),
         pa.field("n_positions", pa.int32(), metadata={"doc": "prompt positions stored (rows of `hidden`)"}),
         pa.field("hidden_size", pa.int32(), metadata={"doc": "model width (columns of `hidden`)"}),
         pa.field("positions", pa.list_(pa.int32()), metadata={"doc": "which prompt positions, in row order"}),
@@ -407,6 +462,36 @@ PROBE_LAYERS = _schema(
 )
 
 PROBE_TABLES: dict[str, pa.Schema] = {"logits": PROBE_LOGITS, "layers": PROBE_LAYERS}
+
+# The drill-down (`drilldown: true`): the layer probe's rows at each real divergence's prefix, with
+# the divergence they reproduce; analysis in fleet/analysis/drilldown.py.
+DRILLDOWN = _schema(
+    "drilldown",
+    [
+        *_KEYS,
+        pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+        pa.field(
+            "diverging", pa.string(), nullable=False, metadata={"doc": "the candidate whose divergence this reproduces"}
+        ),
+        pa.field(
+            "step",
+            pa.int32(),
+            nullable=False,
+            metadata={"doc": "its first divergent output position: the prefix is the prompt + `step` shared tokens"},
+        ),
+        pa.field(
+            "twin_dtype",
+            pa.string(),
+            metadata={"doc": "the precision twin's dtype when these are the twin's states (target: the reference)"},
+        ),
+        *(
+            f
+            for f in PROBE_LAYERS
+            if f.name not in {"run_id", "model", "model_weights", "target", "prompt_set", "prompt_id"}
+        ),
+    ],
+)
+DRILLDOWN_TABLES: dict[str, pa.Schema] = {"drilldown": DRILLDOWN}
 
 
 if __name__ == "__main__":

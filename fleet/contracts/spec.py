@@ -48,6 +48,13 @@ class RunOptions(Strict):
         1800, gt=0, le=MAX_TIMEOUT_S, description="Model download + engine start longer than this fails."
     )
     max_attempts: int = Field(3, ge=1, le=100, description="Tries per shard before it is recorded as failed.")
+    write: Literal["driver", "actors", "auto"] = Field(
+        "auto",
+        description="Who writes a shard's Parquet: the driver (every row passes through it), or the engine actors "
+        "into a shared results store, handing the driver only where the files wait, committed by it "
+        "(docs/cluster.md). auto: the actors when the results root is an object store (s3://), or the cluster has "
+        "more than one node and the results directory is on a network file system; else the driver.",
+    )
 
 
 def _default_allowance() -> dict[DType, float]:
@@ -92,6 +99,40 @@ class Probe(Strict):
 class Probes(Strict):
     logits: Probe | None = Field(None, description="Full-vocabulary log-probabilities (hf and vllm targets).")
     layers: Probe | None = Field(None, description="Hidden states after every layer (hf targets, hf reference).")
+
+
+class Drilldown(Strict):
+    """Layer probes at every real divergence (fleet/run/drill.py, fleet/analysis/drilldown.py): where,
+    in depth, a candidate's error first exceeds what its precision explains."""
+
+    margin: float = Field(
+        2.0,
+        ge=1,
+        le=1e6,
+        description="A layer (or sub-layer) exceeds precision when its relative L2 error vs the reference is "
+        "above margin x the precision twin's at that layer (and above 1e-6, float32's own floor).",
+    )
+    max_prompts: int = Field(
+        8, ge=1, le=1000, description="Real divergences probed per model x candidate, earliest in the output first."
+    )
+    targets: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="hf candidates probed beside the reference and its twin (default: all): each at its own "
+        "divergences, and at those of targets that give no hidden states (vLLM), as HF on the same card.",
+    )
+
+
+@dataclass(frozen=True)
+class DrillPoint:
+    """One real divergence to drill into: candidate `diverging` left the reference's greedy path on
+    this prompt at output position `step`; `token_ids` is the prompt + the `step` output tokens both share."""
+
+    diverging: str
+    prompt_set: str
+    prompt_id: str
+    step: int
+    token_ids: tuple[int, ...]
 
 
 # The seed adaptation reports whose shape `fleet report` can print (fleet/report/layouts/NAME.yaml lays each out).
@@ -145,6 +186,24 @@ class Slo(Strict):
         return self
 
 
+class LoadParity(Strict):
+    """Parity under load (fleet/analysis/load_parity.py): at each level of a scenario, a prompt set
+    is sent greedily with top-k logprobs in the middle of the load, and alone before the load, then
+    scored by the reference like any candidate shard."""
+
+    prompt_set: Name = Field(
+        description="Prompt set sent under load (every target's parity runs it too, the reference's greedy "
+        "path comes from there); keep it short: its prompts add to the level's load."
+    )
+    at: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="Share of the level's measured requests sent before the parity prompts go, all at once "
+        "(0.5: the middle of the load).",
+    )
+
+
 class Scenario(Strict):
     """A load pattern run at each concurrency level: what is sent, how much comes back, how often."""
 
@@ -176,6 +235,11 @@ class Scenario(Strict):
         None, min_length=1, description="Targets to run it on (default: every target whose kind can run perf)."
     )
     slo: Slo | None = Field(None, description="Per-request limits: each level then reports goodput against them.")
+    parity: LoadParity | None = Field(
+        None,
+        description="Parity under load: a prompt set sent greedily with logprobs mid-load at each level, and "
+        "alone (concurrency 1) before it; compared with the reference and with itself alone (docs/load-parity.md).",
+    )
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> Scenario:

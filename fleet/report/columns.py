@@ -124,6 +124,22 @@ SCENARIOS = {
     "e2e_p99_s": "E2E p99 s",
     "queue_delay_max_s": "send lag max s",
 }
+LOAD_PARITY = {
+    "model": "model",
+    "target": "target",
+    "scenario": "scenario",
+    "level": "concurrency",
+    "n_prompts": "prompts",
+    "in_flight_mean": "load in flight",
+    "real_divergences": "real divergences",
+    "near_ties": "near ties",
+    "tf_p99_abs_logprob_diff": "TF p99 |dlogp|",
+    "first_top1_agreement_excl_ties": "first top-1 (excl. ties)",
+    "delta_real_divergences": "real div. vs c=1",
+    "delta_tf_p99": "TF p99 vs c=1",
+    "paths_changed_vs_solo": "paths changed vs c=1",
+    "real_divergences_vs_solo": "real div. from c=1",
+}
 SMOKE = {
     "model": "model",
     "target": "target",

@@ -22,7 +22,7 @@ from typing import Any
 
 import polars as pl
 
-from fleet.analysis import consistency, divergence, from_stats, noise_floor, noise_model, probes
+from fleet.analysis import consistency, divergence, from_stats, load_parity, noise_floor, noise_model, probes
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
 from fleet.analysis.noise_model import NoiseSpec
@@ -60,6 +60,7 @@ class RunReport:
     throughput: pl.DataFrame  # analysis.throughput (parity runs, engine-side timestamps)
     scenarios: pl.DataFrame | None  # fleet.analysis.perf.summary per level
     smoke: pl.DataFrame | None  # the smoke table
+    load_parity: pl.DataFrame | None  # load_parity.table: per target x scenario x level; None: no `parity:`
     logits: pl.DataFrame | None  # probes.logits_summary
     layers: pl.DataFrame | None  # probes.layer_curve: the error-growth curve
     matrix: pl.DataFrame | None  # per variant: started, gates, throughput (columns.MATRIX)
@@ -117,6 +118,7 @@ class RunReport:
             if t["perf_levels"].height
             else None,
             smoke=t["smoke"] if t["smoke"].height else None,
+            load_parity=_load_parity(t, requests, tokens, ref, spec, parity),
             logits=probes.logits_summary(probes.logits_errors(t["logits"], ref)) if t["logits"].height else None,
             layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
             matrix=None,
@@ -180,6 +182,8 @@ class RunReport:
             frames.append(_perf_metrics(self.scenarios))
         if self.consistency is not None and self.consistency.height:
             frames.append(consistency.per_variant(self.consistency))
+        if self.load_parity is not None:
+            frames.append(load_parity.per_target(self.load_parity))
         return frames
 
     def evaluate(self, gates: Sequence[Gate]) -> pl.DataFrame:
@@ -196,6 +200,21 @@ class RunReport:
             doubles=gate_mod.test_doubles(self.info),
             incomplete=gate_mod.incomplete(self.info, self.tables["requests"]),
         )
+
+
+def _load_parity(
+    t: dict[str, pl.DataFrame],
+    requests: pl.DataFrame,
+    tokens: pl.LazyFrame,
+    ref: str,
+    spec: NoiseSpec,
+    parity: pl.DataFrame,
+) -> pl.DataFrame | None:
+    """Parity vs load (None: no scenario with `parity:` ran), judged with each target's parity noise."""
+    if not t["load_requests"].height:
+        return None
+    noise = parity.select("model", "target", "noise") if "noise" in parity.columns else None
+    return load_parity.table(t["load_requests"], t["load_tokens"], requests, tokens, ref, spec=spec, noise=noise)
 
 
 def _slos(info: RunInfo) -> dict[str, dict[str, float | None]]:

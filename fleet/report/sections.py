@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 
 from fleet.analysis import consistency
-from fleet.report import columns
+from fleet.report import columns, drilldown
 from fleet.report.blocks import SECTIONS, Block, Section, SectionSpec, Table, register
 from fleet.report.model import NO_VERDICT, RunReport
 from fleet.results.info import RunInfo
@@ -62,6 +62,21 @@ def _scenarios(r: RunReport, spec: SectionSpec) -> list[Block]:
     return [*blocks, conditions(r.info)] if blocks else []
 
 
+@register("load_parity", "Parity vs load (the parity prompts mid-load at each level, vs reference and vs alone)",
+          chapter=PERFORMANCE, columns=columns.LOAD_PARITY)  # fmt: skip
+def _load_parity(r: RunReport, spec: SectionSpec) -> list[Block]:
+    blocks = spec.table(r.load_parity, worst=("real_divergences", True))
+    if not blocks:
+        return []
+    note = (
+        "Each level's parity prompts were sent alone first (c=1), then all at once mid-load, greedy, and "
+        "teacher-forced by the reference; real divergences and near ties by the parity tables' rule and noise. "
+        "'vs c=1': load minus alone; 'paths changed vs c=1': load outputs that differ from the same prompts "
+        "alone, 'real div. from c=1' of which beyond the noise (the batch changed the answer)."
+    )
+    return [*blocks, note]
+
+
 @register("smoke", "Smoke checks", chapter=PERFORMANCE, columns=columns.SMOKE)
 def _smoke(r: RunReport, spec: SectionSpec) -> list[Block]:
     return spec.table(r.smoke)
@@ -77,6 +92,48 @@ def _logits(r: RunReport, spec: SectionSpec) -> list[Block]:
           columns=columns.LAYERS)  # fmt: skip
 def _layers(r: RunReport, spec: SectionSpec) -> list[Block]:
     return spec.table(r.layers)
+
+
+DRILLDOWN = {"model": "model", "diverging": "diverging", "prompt_id": "prompt", "step": "token", "target": "probed"}
+DRILLDOWN |= {"where": "first past precision", "rel_l2": "rel L2 there", "twin_rel_l2": "twin's", "config": "msprobe"}
+DRILL_CURVE = {"diverging": "diverging", "prompt_id": "prompt", "step": "token", "target": "probed", "layer": "layer"}
+DRILL_CURVE |= {"kind": "part", "rel_l2": "rel L2", "twin_rel_l2": "twin rel L2", "ratio": "x twin", "exceeds": "past"}
+
+
+@register("drilldown", "Drill-down: the layer where each real divergence starts", chapter=ACCURACY,
+          columns=DRILLDOWN)  # fmt: skip
+def _drilldown(r: RunReport, spec: SectionSpec) -> list[Block]:
+    """Per real divergence, the first layer (and part of it) whose error vs the reference exceeds the
+    precision twin's by the margin, and the error-growth curve it was read from."""
+    table = r.tables.get("drilldown")
+    curve, first = drilldown.view(table, r.info)
+    if first.is_empty():
+        if table is None or table.is_empty():
+            return []
+        diverging = ", ".join(sorted(set(table["diverging"])))
+        return [
+            f"Real divergences of {diverging} were probed on the reference and its precision twin only: no hf "
+            "candidate gives hidden states to compare. Add an hf target of the candidate's dtype on its device "
+            "(HF on the same card) to find the layer (docs/metrics.md#drill-down)."
+        ]
+    note = (
+        f"Layer probe at each real divergence's prefix (prompt + shared output), last position; a part is past "
+        f"precision when its rel L2 vs the reference exceeds {drilldown.margin(r.info):g} x the precision twin's "
+        "(docs/metrics.md#drill-down). msprobe: a ready config.json in the run directory for that engine step and "
+        "layer range; on vllm-ascend: vllm serve MODEL --enforce-eager --additional-config "
+        '\'{"dump_config": "RUN_DIR/CONFIG"}\', then send the prompt alone.'
+    )
+    return [
+        *spec.table(first),
+        first["finding"].to_list(),
+        note,
+        Table(
+            curve,
+            DRILL_CURVE,
+            title="Error growth across depth (embeddings, per layer: attention, MLP, output; final norm)",
+            fold=True,
+        ),
+    ]
 
 
 @register("matrix", "Feature matrix", chapter=ACCURACY, columns=columns.MATRIX)
