@@ -3,12 +3,13 @@ every prompt of the source run's parity tables is copied under new ids (`<id>~<k
 tokens table holds `--rows` rows; the other tables are copied once. Then `fleet report --top 20`
 runs in a fresh process; printed per size: its wall time, its peak RSS, and the data's size
 (Parquet on disk, and the tokens table in memory as Arrow, estimated from one replica batch).
-Each replicated run is deleted once measured (100M rows take a few minutes to build).
+Each replicated run is deleted once measured (100M rows take a quarter of an hour to build on 2 busy
+cores), unless `--keep DIR` builds it there, or reuses what an earlier call built there.
 
     .venv/bin/python benchmarks/report_scale.py SOURCE_RUN [--rows 10000000 100000000]
 
-SOURCE_RUN: a finished run directory (e.g. one of `make demo`). A run from before prompt_stats
-gets them computed from its token rows (as its shards would write them today); with
+SOURCE_RUN: a finished run directory (e.g. one of `make demo`). A run from before prompt_stats (or
+from before one of its columns) gets them computed from its token rows (as its shards would write them today); with
 `--no-prompt-stats` the copy has none, and the report reads token rows (the path older runs take).
 """
 
@@ -22,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import pyarrow.parquet as pq
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,7 +40,8 @@ def replicate(source: Path, dest: Path, *, rows: int, batch: int = 256, stats: b
 
     info = RunStore(source).info()  # run.json as stored: the copy keeps every field
     tables = {name: frame.collect() for name, frame in reader.load(source).items()}
-    if stats and tables["prompt_stats"].height == 0:
+    # A run from before prompt_stats, or from before a column of it: summarized as a shard is today.
+    if stats and tables["prompt_stats"]["ref_top1_in_topk"].null_count() == tables["prompt_stats"].height:
         tables["prompt_stats"] = pl.DataFrame(prompt_stats.summarize(tables["tokens"].to_arrow()))
     if not stats:
         del tables["prompt_stats"]
@@ -65,20 +69,26 @@ def replicate(source: Path, dest: Path, *, rows: int, batch: int = 256, stats: b
     return copies * tables["tokens"].height, int(prompts) * copies, arrow_bytes  # type: ignore[arg-type]
 
 
-def measure(source: Path, rows: int, top: int, *, stats: bool) -> dict[str, float]:
-    """Build a run of `rows` token rows, time `fleet report` on it, print and delete it."""
-    tmp = Path(tempfile.mkdtemp(prefix="fleet-report-scale-"))
-    dest = tmp / "replicated"
+def measure(source: Path, rows: int, top: int, *, stats: bool, keep: Path | None = None) -> dict[str, float]:
+    """Build a run of `rows` token rows, time `fleet report` on it, print and delete it (`keep`: build
+    it under that directory, or reuse the one built there before, and leave it)."""
+    tmp = keep or Path(tempfile.mkdtemp(prefix="fleet-report-scale-"))
+    dest = tmp / (f"rows-{rows}" if stats else f"rows-{rows}-tokens") if keep else tmp / "replicated"
     try:
         t0 = time.perf_counter()
-        n_rows, n_prompts, arrow_bytes = replicate(source, dest, rows=rows, stats=stats)
-        disk = sum(f.stat().st_size for f in dest.rglob("*.parquet"))
-        print(
-            f"built {dest}: {n_rows:,} token rows ({n_prompts:,} prompts per target) from {source} "
-            f"in {time.perf_counter() - t0:.0f} s; Parquet {disk / 1e6:,.1f} MB on disk, "
-            f"tokens {arrow_bytes / 1e6:,.0f} MB as Arrow in memory",
-            flush=True,
-        )
+        if (dest / "run.json").is_file():  # built by an earlier --keep call
+            n_rows = sum(pq.read_metadata(f).num_rows for f in (dest / "tokens").rglob("*.parquet"))
+            print(f"reusing {dest}: {n_rows:,} token rows", flush=True)
+        else:
+            shutil.rmtree(dest, ignore_errors=True)  # a build cut short
+            n_rows, n_prompts, arrow_bytes = replicate(source, dest, rows=rows, stats=stats)
+            disk = sum(f.stat().st_size for f in dest.rglob("*.parquet"))
+            print(
+                f"built {dest}: {n_rows:,} token rows ({n_prompts:,} prompts per target) from {source} "
+                f"in {time.perf_counter() - t0:.0f} s; Parquet {disk / 1e6:,.1f} MB on disk, "
+                f"tokens {arrow_bytes / 1e6:,.0f} MB as Arrow in memory",
+                flush=True,
+            )
         command = [sys.executable, "-m", "fleet", "report", str(dest), "--top", str(top)]
         # /usr/bin/time measures this child alone (RUSAGE_CHILDREN would keep the largest of all sizes).
         t0 = time.perf_counter()
@@ -101,7 +111,8 @@ def measure(source: Path, rows: int, top: int, *, stats: bool) -> dict[str, floa
             print(proc.stderr[-2000:])
         return {"wall_s": wall, "peak_rss_mb": peak, "token_rows": n_rows, "lines": lines}
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:
@@ -110,8 +121,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[10_000_000, 100_000_000])
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--no-prompt-stats", dest="stats", action="store_false")
+    parser.add_argument("--keep", type=Path, help="build the runs under this directory and keep them (reused if there)")
     args = parser.parse_args()
-    results = [measure(args.source, rows, args.top, stats=args.stats) for rows in args.rows]
+    results = [measure(args.source, rows, args.top, stats=args.stats, keep=args.keep) for rows in args.rows]
     print("goals: <= 2 s and < 1 GB at 10M token rows, <= 15 s at 100M")
     print(json.dumps(results))
 

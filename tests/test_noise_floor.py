@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
 import pytest
 from test_analysis import _frame, _req, _tok
 from test_manifest import GOOD, write
@@ -11,6 +12,7 @@ from test_manifest import GOOD, write
 from fleet.analysis import noise_floor
 from fleet.contracts import schema
 from fleet.contracts.errors import ManifestError
+from fleet.results import prompt_stats
 from fleet.run.manifest import load
 from fleet.run.plan import plan_shards
 
@@ -49,6 +51,10 @@ def test_self_parity() -> None:
         ],
     )
     [row] = noise_floor.self_parity(requests, tokens, {copy: "vllm"}).to_dicts()
+    # The report's path over prompt_stats (one row per prompt, as the writer stores them) agrees.
+    stats = pl.from_arrow(prompt_stats.summarize(tokens.to_arrow()))
+    assert isinstance(stats, pl.DataFrame)
+    assert noise_floor.from_prompt_stats(requests, stats.lazy(), {copy: "vllm"}).to_dicts() == [row]
     # Prompt a: identical, diffs 0, 0.25, 0; prompt b parts at 1, so only position 0 (diff 0) counts.
     assert (row["target"], row["copy"], row["n_prompts"]) == ("vllm", copy, 2)
     assert row["seq_identical_rate"] == 0.5 and row["tokens_compared"] == 4

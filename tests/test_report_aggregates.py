@@ -19,8 +19,9 @@ import pytest
 from polars.testing import assert_frame_equal
 from test_compare import DIVERGED, SAME, write_run
 
-from fleet.analysis import bootstrap, parity
+from fleet.analysis import bootstrap, from_stats, parity
 from fleet.analysis.noise_model import NoiseSpec
+from fleet.contracts import schema
 from fleet.report import model
 from fleet.report.model import RunReport
 from fleet.results import prompt_stats, reader
@@ -53,6 +54,26 @@ def test_engine_run_figures_from_prompt_stats_equal_token_figures(engine_run: Pa
     assert report.parity["tf_excess_ci_low"].is_not_null().all()
 
 
+def divergences_of(run: Path, *, flat_lists: bool) -> pl.DataFrame:
+    """from_stats.divergences; without `flat_lists`, as on a run of schema 4 (no ref_top1_ids nor
+    ref_top1_in_topk): every divergence then reads the candidate's top-k list there."""
+    info = reader.read_info(run)
+    scans = reader.load(run)
+    requests, stats, spec = scans["requests"].collect(), scans["prompt_stats"], NoiseSpec.from_info(info)
+    if not flat_lists:
+        nulls = {"ref_top1_ids": pl.List(pl.Int32), "ref_top1_in_topk": pl.List(pl.Boolean)}
+        stats = stats.with_columns(pl.lit(None, dtype).alias(name) for name, dtype in nulls.items())
+    pairs = from_stats.Pairs.load(requests, stats, info.reference)
+    _, table, _ = from_stats.figures(pairs, from_stats.first_step(pairs), spec)
+    return from_stats.divergences(pairs, stats, spec, table)
+
+
+def test_engine_run_divergences_from_flat_lists_equal_those_from_topk_lists(engine_run: Path) -> None:
+    flat = divergences_of(engine_run, flat_lists=True)
+    assert flat["first_divergence"].is_not_null().any()  # bfloat16 leaves the reference's path somewhere
+    assert_frame_equal(flat, divergences_of(engine_run, flat_lists=False))
+
+
 def add_prompt_stats(run: Path) -> None:
     """prompt_stats for each tokens file, as the writer makes them."""
     store = RunStore(run)
@@ -73,6 +94,18 @@ def test_a_run_without_prompt_stats_reports_from_token_rows(tmp_path: Path) -> N
     assert_frame_equal(before.parity, after.parity, check_exact=False, rel_tol=1e-9)
     assert_frame_equal(before.sequences, after.sequences)
     assert_same_figures(run)
+
+
+def test_prompt_stats_of_schema_4_report_the_same_figures(tmp_path: Path) -> None:
+    """Files from before ref_top1_ids and ref_top1_in_topk read as nulls: the top-k lists decide."""
+    run = write_run(tmp_path / "v4", {"cand": DIVERGED, "cand2": SAME})
+    add_prompt_stats(run)
+    for file in (run / "prompt_stats").glob("**/*.parquet"):
+        table = pq.read_table(file).drop_columns(["ref_top1_ids", "ref_top1_in_topk"])
+        pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"fleet.schema_version": b"4"}), file)
+    assert schema.SCHEMA_VERSION != 4
+    assert_same_figures(run)
+    assert_frame_equal(divergences_of(run, flat_lists=True), divergences_of(run, flat_lists=False))
 
 
 def test_partial_prompt_stats_are_not_used(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from fleet.analysis.parity import CAND, PROMPT, RUN
 _F64 = pl.Float64
 _CAND_COLUMNS = ["n_positions", "first_token_id", "first_top1_tied", "logprobs", "ref_logprobs", "twin_logprobs"]
 _CAND_COLUMNS += ["top1_scored", "top1_agreed", "kl_positions", "kl_sum", "kl_nan"]
+_AT_DIVERGENCE = ["ref_top1_logprobs", "in_ref_topk", "ref_top1_ids", "ref_top1_in_topk"]  # flat lists
 _NONE = np.iinfo(np.int64).max
 Row = dict[str, Any] | None  # first_divergence of identical outputs: the prefix is everything
 
@@ -124,11 +125,19 @@ class Pairs:
 
     def candidates(self) -> Iterator[tuple[str, str, int, int, int, int]]:
         """(model, target, first cand row, end, first seq row, end) of each candidate's blocks."""
-        cand = self.cand.select(RUN).with_row_index().group_by(RUN, maintain_order=True)
-        seq = self.seq.select(RUN).with_row_index().group_by(RUN, maintain_order=True)
-        bounds = pl.col("index").min().alias("first"), (pl.col("index").max() + 1).alias("end")
-        both = cand.agg(*bounds).join(seq.agg(*bounds), on=RUN, how="left", suffix="_seq")
+        both = _runs(self.cand).join(_runs(self.seq), on=RUN, how="left", suffix="_seq")
         yield from both.with_columns(pl.col("first_seq", "end_seq").fill_null(0)).iter_rows()
+
+
+def _runs(frame: pl.DataFrame) -> pl.DataFrame:
+    """RUN, first and end row of each run of equal (model, target) in `frame`, where each candidate's
+    rows lie together: found where the keys change, not by grouping every row on its strings."""
+    change = frame.select(pl.struct(RUN).rle_id()).to_series().to_numpy()
+    first = np.flatnonzero(np.diff(change, prepend=-1)) if len(change) else np.zeros(0, dtype=np.int64)
+    end = np.append(first[1:], len(change)).astype(np.int64)
+    return frame.select(RUN)[first].with_columns(
+        first=pl.Series(first, dtype=pl.UInt32), end=pl.Series(end, dtype=pl.UInt32)
+    )
 
 
 def first_step(pairs: Pairs) -> pl.DataFrame:
@@ -232,28 +241,35 @@ def divergences(pairs: Pairs, stats: pl.LazyFrame, spec: NoiseSpec, table: pl.Da
         ref_token=ids["_ref_token"],
         _ref_lp=Flat(pairs.cand["ref_logprobs"]).at(where, at),
     )
-    # The top-k lists are the bulk of prompt_stats and only their entry at the divergence is
-    # wanted: streamed from the files (rows found by their number in the scan, no key join), so
-    # they are never all in memory.
-    wanted = np.flatnonzero(at != _NONE)
+    # The reference's output at the divergence is nearly always its teacher-forced top-1 there,
+    # and for it prompt_stats holds ref_in_cand_topk as a flat list. The top-k lists, the bulk of
+    # prompt_stats, are read only for the other divergences (and runs written before those
+    # columns), streamed from the files by row number, so they are never all in memory.
     file_row = pairs.cand["_file_row"].to_numpy()
+    flat = stats.filter(pl.col("target") != pairs.reference).select(_AT_DIVERGENCE).collect()  # in file order
+    value = {name: Flat(flat[name]).at(file_row[where], at) for name in _AT_DIVERGENCE}
+    del flat
+    known = (value["ref_top1_ids"].cast(pl.Int32) == ids["_ref_token"]).fill_null(False).to_numpy()
+    frame = frame.with_columns(
+        _ref_top1_lp=value["ref_top1_logprobs"],
+        cand_in_ref_topk=value["in_ref_topk"],
+        _known=value["ref_top1_in_topk"],
+    )
+    wanted = np.flatnonzero((at != _NONE) & ~known)
     needed = pl.DataFrame({"_file_row": file_row[where[wanted]], "_d": at[wanted], "_seq": wanted}).lazy()
-    position = pl.col("_d")
     lists = (
         stats.filter(pl.col("target") != pairs.reference)
-        .select("ref_top1_logprobs", "in_ref_topk", "topk_ids")
+        .select("topk_ids")
         .with_row_index("_file_row")
         .join(needed.with_columns(pl.col("_file_row").cast(pl.UInt32)), on="_file_row")
-        .select(
-            "_seq",
-            _ref_top1_lp=pl.col("ref_top1_logprobs").list.get(position),
-            cand_in_ref_topk=pl.col("in_ref_topk").list.get(position),
-            _cand_topk=pl.col("topk_ids").list.get(position),
-        )
+        .select("_seq", _cand_topk=pl.col("topk_ids").list.get(pl.col("_d")))
         .collect(engine="streaming")
+        if wanted.size
+        else pl.DataFrame(schema={"_seq": pl.UInt32, "_cand_topk": pl.List(pl.Int32)})
     )
     frame = frame.with_row_index("_seq").join(lists.cast({"_seq": pl.UInt32}), on="_seq", how="left")
-    frame = frame.with_columns(ref_in_cand_topk=pl.col("_cand_topk").list.contains(pl.col("ref_token")))
+    unknown = pl.col("_cand_topk").list.contains(pl.col("ref_token"))
+    frame = frame.with_columns(ref_in_cand_topk=pl.when(pl.Series(known)).then(pl.col("_known")).otherwise(unknown))
     return divergence.classify(frame.lazy().join(divergence.thresholds(seq.lazy(), spec, table), on=RUN, how="left"))
 
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import polars as pl
 
+from fleet.analysis import aligned
 from fleet.analysis.missing import no_nan
-from fleet.analysis.parity import CAND, Frame, sequences
+from fleet.analysis.parity import CAND, PROMPT, Frame, sequences
 
 _F64 = pl.Float64
 COLUMNS = {
@@ -31,12 +33,73 @@ COLUMNS = {
 }
 
 
+def from_prompt_stats(requests: Frame, stats: pl.LazyFrame, repeats: Mapping[str, str]) -> pl.DataFrame:
+    """`self_parity` from prompt_stats (fleet/results/prompt_stats.py): each prompt's logprobs list
+    of the copy beside the original's, compared over the common prefix in numpy, so no token row
+    is read or joined. The same figures; only the order of floating-point additions differs."""
+    from fleet.analysis.from_stats import Flat  # from_stats imports the noise model, which is heavier
+
+    parts = []
+    for copy, original in sorted(repeats.items()):
+        pair = pl.col("target").is_in([original, copy])
+        reqs = requests.lazy().filter(pair).collect()
+        if reqs["target"].n_unique() < 2:
+            continue  # one side did not run (failed target): nothing to compare
+        seq = sequences(reqs, original)
+        side = stats.filter(pair).select(*CAND, "logprobs").collect().with_row_index("_row")
+        rows = (
+            seq.select(*CAND, "first_divergence")
+            .join(side.filter(pl.col("target") == copy).select(*CAND, _c="_row"), on=CAND, how="left")
+            .join(side.filter(pl.col("target") == original).select(*PROMPT, _o="_row"), on=PROMPT, how="left")
+        )
+        flat = Flat(side["logprobs"])
+        c, o = (rows[k].cast(pl.Int64).fill_null(-1).to_numpy() for k in ("_c", "_o"))
+        has = (c >= 0) & (o >= 0)
+        c, o = np.where(has, c, 0), np.where(has, o, 0)
+        first = rows["first_divergence"].fill_null(np.iinfo(np.int64).max).to_numpy()
+        n = np.where(has, np.minimum(np.minimum(flat.n[c], flat.n[o]), first), 0) if len(c) else c
+        row, position = aligned.common(n)
+        pairs = pl.DataFrame(
+            {
+                "model": rows["model"].gather(row),
+                "_lp": flat.at(c[row], position, inside_lists=True).cast(_F64),
+                "_lp_right": flat.at(o[row], position, inside_lists=True).cast(_F64),
+            }
+        )
+        parts.append(_figures(seq.lazy(), pairs.lazy(), original, copy))
+    return _concat(parts)
+
+
+def _figures(seq: pl.LazyFrame, pairs: pl.LazyFrame, original: str, copy: str) -> pl.DataFrame:
+    """One (original, copy) row per model from the sequences and the (_lp, _lp_right) prefix pairs."""
+    diff = pl.col("_lp") - pl.col("_lp_right")
+    diffs = pairs.group_by("model").agg(
+        tokens_compared=pl.len().cast(pl.Int64),
+        max_abs_logprob_diff=no_nan(diff, diff.abs().max()),
+        mean_abs_logprob_diff=no_nan(diff, diff.abs().mean()),
+    )
+    per_model = seq.group_by("model").agg(
+        n_prompts=pl.len().cast(pl.Int64), seq_identical_rate=pl.col("exact_match").mean()
+    )
+    return (
+        per_model.join(diffs, on="model", how="left")
+        .with_columns(target=pl.lit(original), copy=pl.lit(copy))
+        .select(*COLUMNS)
+        .collect()
+    )
+
+
+def _concat(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    if not parts:
+        return pl.DataFrame(schema=COLUMNS)
+    return pl.concat(parts).cast(COLUMNS).sort("model", "target", "copy")  # type: ignore[arg-type]
+
+
 def self_parity(requests: Frame, tokens: Frame, repeats: Mapping[str, str]) -> pl.DataFrame:
     """Per (model, target, copy): n_prompts, seq_identical_rate, and over the common prefix
     tokens_compared, max_abs_logprob_diff, mean_abs_logprob_diff (the copy's logprob vs the
     original's at the same position and context)."""
     parts = []
-    diff = pl.col("_lp") - pl.col("_lp_right")
     for copy, original in sorted(repeats.items()):
         pair = pl.col("target").is_in([original, copy])
         reqs, toks = requests.lazy().filter(pair), tokens.lazy().filter(pair)
@@ -44,27 +107,11 @@ def self_parity(requests: Frame, tokens: Frame, repeats: Mapping[str, str]) -> p
             continue  # one side did not run (failed target): nothing to compare
         seq = sequences(reqs, original).lazy()
         side = toks.select(*CAND, "position", _lp=pl.col("logprob").cast(_F64))
-        diffs = (
+        pairs = (
             side.filter(pl.col("target") == copy)
             .join(side.filter(pl.col("target") == original).drop("target"), on=[*CAND[:1], *CAND[2:], "position"])
             .join(seq.select(*CAND, "first_divergence"), on=CAND)
             .filter(pl.col("first_divergence").is_null() | (pl.col("position") < pl.col("first_divergence")))
-            .group_by("model")
-            .agg(
-                tokens_compared=pl.len().cast(pl.Int64),
-                max_abs_logprob_diff=no_nan(diff, diff.abs().max()),
-                mean_abs_logprob_diff=no_nan(diff, diff.abs().mean()),
-            )
         )
-        per_model = seq.group_by("model").agg(
-            n_prompts=pl.len().cast(pl.Int64), seq_identical_rate=pl.col("exact_match").mean()
-        )
-        parts.append(
-            per_model.join(diffs, on="model", how="left")
-            .with_columns(target=pl.lit(original), copy=pl.lit(copy))
-            .select(*COLUMNS)
-            .collect()
-        )
-    if not parts:
-        return pl.DataFrame(schema=COLUMNS)
-    return pl.concat(parts).cast(COLUMNS).sort("model", "target", "copy")  # type: ignore[arg-type]
+        parts.append(_figures(seq, pairs, original, copy))
+    return _concat(parts)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Versions a reader still reads: 2 lacked run_id (the reader fills it in from run.json) and
-# was laid out without `key=value` directory names; 2 and 3 lacked tokens.twin_logprob (null).
-READABLE_VERSIONS = ("2", "3", "4")
+# was laid out without `key=value` directory names; 2 and 3 lacked tokens.twin_logprob (null);
+# 4 lacked prompt_stats.ref_top1_ids and ref_top1_in_topk (null: the report reads topk_ids there).
+READABLE_VERSIONS = ("2", "3", "4", "5")
 
 # Every table starts with these keys; together with `position` they identify a token row.
 _KEYS = [
@@ -124,6 +125,12 @@ PROMPT_STATS = _schema(
         pa.field("ref_top1_logprobs", _LP_LIST, metadata={"doc": "first of tokens.ref_topk_logprobs by position"}),
         pa.field("in_ref_topk", pa.list_(pa.bool_()), metadata={"doc": "token_id is in ref_topk_ids, by position"}),
         pa.field("topk_ids", pa.list_(_TOPK), metadata={"doc": "tokens.topk_ids by position"}),
+        pa.field("ref_top1_ids", _TOPK, metadata={"doc": "first of tokens.ref_topk_ids by position"}),
+        pa.field(
+            "ref_top1_in_topk",
+            pa.list_(pa.bool_()),
+            metadata={"doc": "the first of ref_topk_ids is in topk_ids, by position (read instead of topk_ids)"},
+        ),
         pa.field("top1_scored", pa.int32(), metadata={"doc": "positions the reference scored"}),
         pa.field("top1_agreed", pa.int32(), metadata={"doc": "of which tie-aware top-1 agrees"}),
         pa.field("kl_positions", pa.int32(), metadata={"doc": "positions with both top-k lists (KL top-k)"}),

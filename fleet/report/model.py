@@ -97,7 +97,8 @@ class RunReport:
         accuracy = analysis.accuracy(texts.filter(pl.col("expected").is_not_null()), ref)
         variants, repeats = info.variants, info.repeats
         spec = NoiseSpec.from_info(info)
-        if reader.covers(run_dir, "prompt_stats", "tokens") and from_stats.usable(stats):
+        use_stats = reader.covers(run_dir, "prompt_stats", "tokens") and from_stats.usable(stats)
+        if use_stats:
             parity, first, per_prompt, seqs = _from_stats(requests, stats, ref, spec)
         else:  # a run written before prompt_stats: the same figures from its token rows
             parity, first, per_prompt, seqs = _from_tokens(requests, tokens, ref, spec)
@@ -126,7 +127,9 @@ class RunReport:
             layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
             matrix=None,
             consistency=_consistency(requests, tokens, parity, variants) if variants else None,
-            noise_floor=noise_floor.self_parity(requests, tokens, repeats) if repeats else None,
+            noise_floor=_noise_floor(requests, stats if use_stats else tokens, repeats, stats=use_stats)
+            if repeats
+            else None,
             verdicts=None,
             environment=_environment(info),
             architecture={m: architecture(info, m) for m in _models(info, requests)},
@@ -318,6 +321,15 @@ def _from_stats(requests: pl.DataFrame, stats: pl.LazyFrame, ref: str, spec: Noi
     per_prompt = from_stats.divergences(pairs, stats, spec, noise_table)
     parity = parity.join(from_stats.summary_of(per_prompt, own, noise_table), on=["model", "target"], how="left")
     return parity, first, per_prompt, pairs.seq
+
+
+def _noise_floor(requests: pl.DataFrame, rows: pl.LazyFrame, repeats: dict[str, Any], *, stats: bool) -> pl.DataFrame:
+    """noise_floor.self_parity from prompt_stats (`stats`) or, for runs before them, from token rows."""
+    return (
+        noise_floor.from_prompt_stats(requests, rows, repeats)
+        if stats
+        else noise_floor.self_parity(requests, rows, repeats)
+    )
 
 
 def _worst_sequences(

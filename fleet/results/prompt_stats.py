@@ -120,6 +120,10 @@ def summarize(tokens: pa.Table) -> pa.Table:
             ref_top1_logprobs=pl.col("ref_topk_logprobs").list.first(),
             in_ref_topk=pl.col("ref_topk_ids").list.contains(pl.col("token_id")).fill_null(False),
             topk_ids="topk_ids",
+            # What the report's near-tie rule asks of topk_ids at a divergence, where the reference's
+            # output is its teacher-forced top-1 (nearly always): two flat lists, not the list of lists.
+            ref_top1_ids=pl.col("ref_topk_ids").list.first(),
+            ref_top1_in_topk=pl.col("topk_ids").list.contains(pl.col("ref_topk_ids").list.first()),
             top1_scored=pl.col("_tied").is_not_null().sum().cast(pl.Int32),
             top1_agreed=pl.col("_tied").sum().cast(pl.Int32),
             kl_positions=pl.col("_kl").is_not_null().sum().cast(pl.Int32),

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -141,6 +140,8 @@ def scan(fs: pafs.FileSystem, files: list[str], declared: pa.Schema | None = Non
             files, hive_partitioning=False, schema=declared_frame.collect_schema(), missing_columns="insert"
         )
     # Polars applies the filters itself: pyarrow's null semantics in comparisons differ.
+    import pyarrow.dataset as ds  # imports pandas: 0.2 s no report of a local run needs
+
     dataset = ds.dataset(files, filesystem=fs, format="parquet", schema=declared)
     return pl.scan_pyarrow_dataset(dataset, allow_pyarrow_filter=False)
 

@@ -23,7 +23,6 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -177,6 +176,8 @@ class RunStore:
         files = parquet_files(self.fs, f"{self.root}/shards")
         if not files:
             return set()
+        import pyarrow.dataset as ds  # imports pandas: 0.2 s no report of a local run needs
+
         dataset = ds.dataset(files, filesystem=self.fs, format="parquet")  # files read in parallel
         return set(dataset.to_table(columns=["shard_id"]).column("shard_id").to_pylist())
 
@@ -185,6 +186,8 @@ class RunStore:
         files = parquet_files(self.fs, f"{self.root}/perf_levels")
         if not files:
             return set()
+        import pyarrow.dataset as ds  # imports pandas: 0.2 s no report of a local run needs
+
         rows = ds.dataset(files, filesystem=self.fs, format="parquet").to_table(
             columns=["model", "target", "scenario", "level"]
         )
@@ -196,6 +199,8 @@ class RunStore:
         for kind in PROBE_KINDS:
             files = parquet_files(self.fs, f"{self.root}/{kind}")
             if files:
+                import pyarrow.dataset as ds  # imports pandas: 0.2 s no report of a local run needs
+
                 rows = ds.dataset(files, filesystem=self.fs, format="parquet").to_table(columns=["model", "target"])
                 done |= {f"{r['model']}/{r['target']}/probe-{kind}" for r in rows.to_pylist()}
         return done
