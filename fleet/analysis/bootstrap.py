@@ -26,13 +26,9 @@ BINS_PER_OCTAVE = 64
 # The resampled p99 is never below the pooled median: bins under it are pooled into one count.
 _FLOOR_QUANTILE = 0.5
 _CHUNK = 1 << 20
-<<<<<<< HEAD
-_ZERO = np.iinfo(np.int32).min
-_Count = TypeVar("_Count", float, np.ndarray)  # one resample's total, or every resample's
-=======
 # Below floor(log2(x) x BINS_PER_OCTAVE) of the smallest positive float32 (2^-149): the zeros' bin.
 _ZERO_BIN = -150 * BINS_PER_OCTAVE
->>>>>>> report-speed
+_Count = TypeVar("_Count", float, np.ndarray)  # one resample's total, or every resample's
 
 
 def interval(
