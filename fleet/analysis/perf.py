@@ -129,7 +129,7 @@ def summary(
     )
     stats = [f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", *(f"p{q}" for q in QUANTILES))]
     columns = [
-        *keys, "request_rate", "n_requests", "n_completed", "n_errors", "wall_s",
+        *by, *KEYS, "request_rate", "n_requests", "n_completed", "n_errors", "wall_s",
         "qps", "output_tok_s", "total_tok_s", "prefill_tok_s", "goodput_qps", "goodput_tok_s", "slo_share",
         *stats,
         "queue_delay_mean_s", "queue_delay_max_s", "engine_queue_mean_s", "engine_ttft_mean_s", "engine_tpot_mean_s",
