@@ -151,9 +151,18 @@ class TestDoubleEngine(Engine):
         )
         return schema.conform(table, schema.SCORES)
 
-    def perf(self, scenario: Scenario, level: int, prompts: list[Prompt] | None) -> PerfResult:
+    def perf(
+        self,
+        scenario: Scenario,
+        level: int,
+        prompts: list[Prompt] | None,
+        parity_prompts: list[Prompt] | None = None,
+    ) -> PerfResult:
         """One level of a perf scenario through the real load generator (actors/loadgen.py), with
-        no model behind the stream: see `_stream`."""
+        no model behind the stream: see `_stream`. It has no greedy path to send under load."""
+        if parity_prompts:
+            msg = "the test double runs perf levels without parity under load (no model gives it tokens)"
+            raise ValueError(msg)
         from actors.loadgen import level_seed, measure_level
 
         rng = random.Random(level_seed(scenario, level))

@@ -266,5 +266,10 @@ def test_double_through_ray_a_5pc_slower_stream_fails(local_ray: object, tmp_pat
         "test double (no model ran): never a PASS (against its baseline: PASS, measured / base"
         in row_reasons["healthy"]
     )
-    assert judged["healthy"]["verdict"] == "PASS" and judged["healthy"]["ci_low"] < 1 < judged["healthy"]["ci_high"]
+    # A repeat at the same pace lands within a few per cent of its baseline; the request bootstrap
+    # does not see a whole run being a little slower (docs/metrics.md), so 1 need not be inside it.
+    assert (
+        judged["healthy"]["verdict"] == "PASS"
+        and 0.97 < judged["healthy"]["ci_low"] <= judged["healthy"]["ci_high"] < 1.03
+    )
     assert judged["slow"]["verdict"] == "FAIL" and judged["slow"]["ci_high"] < 0.97
