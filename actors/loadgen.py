@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import statistics
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+# encode, level_seed and synthetic_prompts are named here by engines and tests (actors/workloads.py has them).
+from actors.workloads import Request, encode, level_requests, level_seed, synthetic_prompts  # noqa: F401
 from fleet.contracts.engine import Chunk, EngineStats, PerfResult
 
 if TYPE_CHECKING:
@@ -27,66 +28,32 @@ if TYPE_CHECKING:
     from fleet.contracts.spec import Scenario
 
 
-Stream = Callable[[list[int], int], AsyncGenerator[Chunk, None]]
+# stream(ids, max_tokens, **Request.send_options()): the options only where a scenario needs them.
+Stream = Callable[..., AsyncGenerator[Chunk, None]]
+# The engine's prefix-cache counters (queries, hits) in tokens, or None where it reports none.
+CacheCounters = Callable[[], Awaitable[tuple[int, int] | None]]
 
 
-def synthetic_prompts(tokenizer: Any, *, n: int, length: int, seed: int) -> list[list[int]]:
-    """`n` prompts of exactly `length` token ids, the same for the same tokenizer and seed.
-
-    Ids are drawn uniformly from the non-special vocabulary after the BOS token the tokenizer
-    would add itself, so prompts look like tokenized text to the engine and share no prefix
-    beyond BOS (prefix caching cannot turn prefill into a cache hit).
-    """
-    special = set(tokenizer.all_special_ids)
-    pool = [i for i in range(len(tokenizer)) if i not in special]
-    bos = tokenizer.bos_token_id
-    head = [bos] if bos is not None and tokenizer("a").input_ids[:1] == [bos] else []
-    rng = random.Random(seed)
-    return [(head + [rng.choice(pool) for _ in range(length)])[:length] for _ in range(n)]
-
-
-def encode(tokenizer: Any, prompt: str | Prompt) -> list[int]:
-    """Token ids of a text prompt, or of chat messages through the model's chat template."""
-    if isinstance(prompt, str) or prompt.messages is None:
-        text = prompt if isinstance(prompt, str) else prompt.prompt
-        return list(tokenizer(text).input_ids)
-    messages = [m.model_dump() for m in prompt.messages]
-    # As the HF reference renders chat: the template's text, tokenized without adding specials again.
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
-
-
-def level_seed(scenario: Scenario, level: int) -> int:
-    """The seed of one level's synthetic prompts: each level sends fresh prompts, so a later level
-    never finds an earlier level's prompts in the prefix cache."""
-    return scenario.seed + 7919 * level
+def as_request(prompt: list[int] | Request, scenario: Scenario) -> Request:
+    """A bare list of prompt ids as a request for the scenario's fixed output length."""
+    if isinstance(prompt, Request):
+        return prompt
+    out = scenario.output_tokens if isinstance(scenario.output_tokens, int) else scenario.output_tokens.upper
+    return Request(prompt, out, len(prompt), out if scenario.ignore_eos else None)
 
 
 def prompt_ids(
     scenario: Scenario, tokenizer: Any, prompts: Sequence[str | Prompt] | None = None, *, level: int
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """(measured, warm-up) prompt token ids for one concurrency level. Warm-up prompts are always
-    synthetic (a different seed), so they never leave the measured prompts in the prefix cache.
-    A prompt-set scenario sends the set's own prompts at every level (turn prefix caching off in
-    `engine_args` to keep later levels from hitting it)."""
-    seed = level_seed(scenario, level)
-    if scenario.input_tokens is not None:
-        length = scenario.input_tokens
-        measured = synthetic_prompts(tokenizer, n=scenario.num_requests, length=length, seed=seed)
-    else:
-        if not prompts:
-            msg = f"scenario {scenario.name!r} uses prompt set {scenario.prompt_set!r}: pass its prompts"
-            raise ValueError(msg)
-        encoded = [encode(tokenizer, p) for p in prompts]
-        measured = [encoded[i % len(encoded)] for i in range(scenario.num_requests)]
-        length = int(statistics.median(len(ids) for ids in encoded))
-    warmup = synthetic_prompts(tokenizer, n=scenario.warmup_requests, length=length, seed=seed + 1_000_003)
-    return measured, warmup
+    """(measured, warm-up) prompt token ids of one level, as the model sees them (`level_requests`)."""
+    measured, warmup = level_requests(scenario, tokenizer, prompts, level=level)
+    return [r.ids for r in measured], [r.ids for r in warmup]
 
 
-def check_fits(scenario: Scenario, prompts: list[list[int]], max_model_len: int) -> None:
+def check_fits(scenario: Scenario, prompts: Sequence[list[int] | Request], max_model_len: int) -> None:
     """Fail before sending anything when a request cannot fit the engine's context."""
-    longest = max((len(p) for p in prompts), default=0) + scenario.output_tokens
+    requests = [as_request(p, scenario) for p in prompts]
+    longest = max((len(r.ids) + r.max_tokens for r in requests), default=0)
     if longest > max_model_len:
         msg = (
             f"scenario {scenario.name!r}: prompt + output reach {longest} tokens, "
@@ -103,15 +70,15 @@ def prepare_level(
     *,
     tokenizer: Any,
     max_model_len: int | None,
-) -> Callable[[Stream], Coroutine[Any, Any, PerfResult]]:
+) -> Callable[[Stream, CacheCounters | None], Coroutine[Any, Any, PerfResult]]:
     """Tokenize one level's prompts and check them against the context now, before anything is
-    sent; return `measure(stream)`, which runs the level on the engine's stream (`measure_level`)."""
-    measured, warmup = prompt_ids(scenario, tokenizer, prompts, level=level)
+    sent; return `measure(stream, cache)`, which runs the level on the engine's stream (`measure_level`)."""
+    measured, warmup = level_requests(scenario, tokenizer, prompts, level=level)
     if max_model_len:
         check_fits(scenario, measured + warmup, max_model_len)
     model, target = engine.model, engine.args.name
 
-    def measure(stream: Stream) -> Coroutine[Any, Any, PerfResult]:
+    def measure(stream: Stream, cache: CacheCounters | None = None) -> Coroutine[Any, Any, PerfResult]:
         return measure_level(
             stream,
             scenario,
@@ -121,6 +88,7 @@ def prepare_level(
             model=model.name,
             model_weights=model.weights,
             target=target,
+            cache=cache,
         )
 
     return measure
@@ -135,25 +103,29 @@ def _now() -> float:
 class _Timing:
     index: int
     scheduled: float
-    n_prompt: int
+    request: Request
     sent: float | None = None
     ended: float | None = None
     first: float | None = None
     last: float | None = None
     n_out: int = 0
+    n_prompt_reported: int | None = None  # the engine's own count of the prompt, where it reports one
     n_chunks: int = 0
     itl: list[float] = field(default_factory=list)
     stats: EngineStats | None = None
     error: str | None = None
 
 
-async def _one(stream: Stream, ids: list[int], max_tokens: int, t: _Timing) -> None:
+async def _one(stream: Stream, t: _Timing) -> None:
+    r = t.request
     t.sent = _now()
-    async with contextlib.aclosing(stream(ids, max_tokens)) as chunks:
+    async with contextlib.aclosing(stream(r.ids, r.max_tokens, **r.send_options())) as chunks:
         async for chunk in chunks:
             now = _now()
             if chunk.stats is not None:
                 t.stats = chunk.stats
+            if chunk.n_prompt_tokens is not None:
+                t.n_prompt_reported = chunk.n_prompt_tokens
             if chunk.n_tokens <= 0:
                 continue
             # Tokens beyond the first in the first chunk arrived with it: gap 0. Later chunks spread
@@ -188,15 +160,15 @@ def arrivals(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
 
 async def _schedule(
     stream: Stream,
-    prompts: list[list[int]],
-    max_tokens: int,
+    requests: Sequence[Request],
     *,
     level: int,
     rate: float | None,
     seed: int,
     burstiness: float = 1.0,
 ) -> tuple[float, float, list[_Timing]]:
-    """Send `prompts` with at most `level` in flight: (start on perf_counter, on the wall clock, timings)."""
+    """Send `requests` with at most `level` in flight: (start on perf_counter, on the wall clock, timings).
+    A trace's requests are due at their own offsets; a multi-turn request waits for its previous turn."""
     start, started_at = _now(), time.time()
     # Every slot remembers when it became free: in a closed loop that is when the next request is due.
     free_at: asyncio.Queue[float] = asyncio.Queue()
@@ -204,25 +176,34 @@ async def _schedule(
         free_at.put_nowait(start)
     timings: list[_Timing] = []
     tasks: list[asyncio.Task[None]] = []
-    offsets = arrivals(len(prompts), rate, burstiness, seed) if rate is not None else []
+    offsets: list[float] | None = None  # None: closed loop
+    if any(r.offset_s is not None for r in requests):  # a trace: its own times, not drawn ones
+        offsets = [r.offset_s or 0.0 for r in requests]
+    elif rate is not None:
+        offsets = arrivals(len(requests), rate, burstiness, seed)
+    answered = [asyncio.Event() for _ in requests]
 
-    async def run(ids: list[int], t: _Timing) -> None:
+    async def run(t: _Timing) -> None:
         try:
-            await _one(stream, ids, max_tokens, t)
+            if (before := t.request.after) is not None:
+                await answered[before].wait()
+                t.scheduled = max(t.scheduled, timings[before].ended or t.scheduled)  # due once answered
+            await _one(stream, t)
         except Exception as e:  # noqa: BLE001  (a failed request is a row, not the end of the level)
             t.error = f"{type(e).__name__}: {e}"[:500]
         finally:
             t.ended = _now()
+            answered[t.index].set()
             free_at.put_nowait(t.ended)
 
-    for i, ids in enumerate(prompts):
-        due = start + offsets[i] if rate is not None else start
-        if rate is not None:
+    for i, request in enumerate(requests):
+        due = start + offsets[i] if offsets is not None else start
+        if offsets is not None:
             await asyncio.sleep(max(0.0, due - _now()))
         freed = await free_at.get()
-        t = _Timing(index=i, scheduled=due if rate is not None else freed, n_prompt=len(ids))
+        t = _Timing(index=i, scheduled=due if offsets is not None else freed, request=request)
         timings.append(t)
-        tasks.append(asyncio.create_task(run(ids, t)))
+        tasks.append(asyncio.create_task(run(t)))
     await asyncio.gather(*tasks)
     return start, started_at, timings
 
@@ -232,34 +213,46 @@ async def measure_level(
     scenario: Scenario,
     level: int,
     *,
-    prompts: list[list[int]],
-    warmup: list[list[int]],
+    prompts: Sequence[list[int] | Request],
+    warmup: Sequence[list[int] | Request],
     model: str,
     model_weights: str,
     target: str,
+    cache: CacheCounters | None = None,
 ) -> PerfResult:
-    """Warm up (unrecorded, closed loop), then send `prompts` on the scenario's schedule at `level`."""
-    out = scenario.output_tokens
-    *_, warm = await _schedule(stream, warmup, out, level=level, rate=None, seed=scenario.seed)
+    """Warm up (unrecorded, closed loop), then send `prompts` on the scenario's schedule at `level`;
+    `cache` reads the engine's prefix-cache counters, before and after the measured requests."""
+    warm_requests = [as_request(p, scenario) for p in warmup]
+    *_, warm = await _schedule(stream, warm_requests, level=level, rate=None, seed=scenario.seed)
     if failed := [t.error for t in warm if t.error]:
         msg = f"scenario {scenario.name!r} level {level}: warm-up request failed: {failed[0]}"
         raise RuntimeError(msg)
+    before = await cache() if cache else None
     start, started_at, timings = await _schedule(
         stream,
-        prompts,
-        out,
+        [as_request(p, scenario) for p in prompts],
         level=level,
         rate=scenario.request_rate,
         seed=scenario.seed,
         burstiness=scenario.burstiness,
     )
     wall = max((t.ended or start for t in timings), default=start) - start
+    after = await cache() if cache and before is not None else None
     keys = {"model": model, "model_weights": model_weights, "target": target, "scenario": scenario.name, "level": level}
-    return _tables(keys, scenario, start, started_at, wall, timings)
+    hits: dict[str, int | None] = {"prefix_cache_queries": None, "prefix_cache_hits": None}
+    if before is not None and after is not None:
+        hits = {"prefix_cache_queries": after[0] - before[0], "prefix_cache_hits": after[1] - before[1]}
+    return _tables(keys, scenario, start, started_at, wall, timings, hits)
 
 
 def _tables(
-    keys: dict[str, Any], scenario: Scenario, start: float, started_at: float, wall: float, timings: list[_Timing]
+    keys: dict[str, Any],
+    scenario: Scenario,
+    start: float,
+    started_at: float,
+    wall: float,
+    timings: list[_Timing],
+    cache_hits: dict[str, int | None],
 ) -> PerfResult:
     import datetime as dt
     import socket
@@ -286,22 +279,28 @@ def _tables(
                 "tpot_s": (t.last - t.first) / (t.n_out - 1) if done and t.first and t.last and t.n_out > 1 else None,
                 "e2e_s": since(t.last, t.sent) if done else None,
                 "itl_s": t.itl if done else None,
-                "n_prompt_tokens": t.n_prompt,
+                "n_prompt_tokens": t.n_prompt_reported if t.n_prompt_reported is not None else len(t.request.ids),
                 "n_output_tokens": t.n_out,
                 "n_chunks": t.n_chunks,
                 "engine_queue_s": s.queue_s,
                 "engine_ttft_s": s.ttft_s,
                 "engine_tpot_s": s.tpot_s,
                 "error": t.error,
+                "requested_prompt_tokens": t.request.requested_input,
+                "requested_output_tokens": t.request.requested_output,
             }
         )
-    level_row = keys | {
-        "request_rate": scenario.request_rate,
-        "n_requests": len(timings),
-        "n_errors": sum(t.error is not None for t in timings),
-        "started_at": dt.datetime.fromtimestamp(started_at, tz=dt.UTC),
-        "wall_s": wall,
-        "hostname": socket.gethostname(),
-    }
+    level_row = (
+        keys
+        | {
+            "request_rate": scenario.request_rate,
+            "n_requests": len(timings),
+            "n_errors": sum(t.error is not None for t in timings),
+            "started_at": dt.datetime.fromtimestamp(started_at, tz=dt.UTC),
+            "wall_s": wall,
+            "hostname": socket.gethostname(),
+        }
+        | cache_hits
+    )
     requests = pa.Table.from_pylist(rows, schema=schema.PERF_REQUESTS) if rows else schema.PERF_REQUESTS.empty_table()
     return PerfResult(requests, pa.Table.from_pylist([level_row], schema=schema.PERF_LEVELS))

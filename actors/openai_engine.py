@@ -86,7 +86,7 @@ class OpenAIEngine(Engine):
 
     def _request(self, prompt: Prompt) -> tuple[str, dict[str, Any], list[int] | None]:
         """(route, body, ids sent or None): chat prompts go to chat/completions unless sending ids."""
-        from actors.loadgen import encode
+        from actors.workloads import encode
 
         s = self.sampling
         body: dict[str, Any] = {"max_tokens": s.max_tokens, "temperature": s.temperature, "seed": s.seed}
@@ -235,7 +235,8 @@ class OpenAIEngine(Engine):
 
         async def run() -> PerfResult:
             async with self.http.session(0) as session:  # 0: no connection cap, the level is the cap
-                return await measure(functools.partial(self.http.stream, session))
+                cache = functools.partial(self.http.prefix_cache, session)
+                return await measure(functools.partial(self.http.stream, session), cache)
 
         return asyncio.run(run())
 

@@ -198,12 +198,17 @@ class VllmEngine(Engine):
         """
         import asyncio
 
+        from actors.cache_stats import from_engine
         from actors.loadgen import prepare_level
 
         engine = self.llm.llm_engine
         max_len = engine.model_config.max_model_len
         measure = prepare_level(self, scenario, level, prompts, tokenizer=self.tokenizer, max_model_len=max_len)
-        return StepBridge(engine).run(lambda stream: asyncio.run(measure(stream)))
+
+        async def cache() -> tuple[int, int] | None:
+            return from_engine(engine)
+
+        return StepBridge(engine).run(lambda stream: asyncio.run(measure(stream, cache)))
 
 
 def _step(entries: dict[int, Any]) -> Step:

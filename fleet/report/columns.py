@@ -124,6 +124,19 @@ SCENARIOS = {
     "e2e_p99_s": "E2E p99 s",
     "queue_delay_max_s": "send lag max s",
 }
+WORKLOADS = {
+    "model": "model",
+    "target": "target",
+    "scenario": "scenario",
+    "level": "concurrency",
+    "requested_input_mean": "in asked",
+    "input_tokens_mean": "in seen",
+    "requested_output_mean": "out asked",
+    "output_tokens_mean": "out got",
+    "length_miss_max": "max miss",
+    "lengths_exact": "exact (<=1)",
+    "prefix_cache_hit_rate": "prefix-cache hits",
+}
 SMOKE = {
     "model": "model",
     "target": "target",
