@@ -33,7 +33,7 @@ def lengths(requests: Frame, levels: Frame) -> pl.DataFrame:
     miss_in = (pl.col("n_prompt_tokens").cast(pl.Int64) - asked_in.cast(pl.Int64)).abs()
     miss_out = (pl.col("n_output_tokens").cast(pl.Int64) - asked_out.cast(pl.Int64)).abs()
     counts = done.group_by(KEYS).agg(
-        n_completed=pl.len(),
+        n_completed=pl.len().cast(pl.Int64),
         requested_input_mean=asked_in.mean(),
         input_tokens_mean=pl.col("n_prompt_tokens").filter(asked_in.is_not_null()).mean(),
         input_miss_max=miss_in.max(),
