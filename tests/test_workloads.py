@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import math
 import random
 import re
 import statistics
@@ -27,7 +28,8 @@ from fleet.contracts.workload import Lengths, read_trace
 
 # The engine tests' tiny llama (tests/test_perf_engine.py): its tokenizer is built once per session.
 SYNTHETIC = {"seed": 7, "hidden_size": 128, "intermediate_size": 256, "num_layers": 2, "num_heads": 4}
-NORMAL = {"distribution": "normal", "mean": 64, "std": 20, "min": 28, "max": 120}
+# Above SmolLM2's chat template (its default system prompt alone is 30 tokens).
+NORMAL = {"distribution": "normal", "mean": 72, "std": 20, "min": 40, "max": 130}
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +97,15 @@ def test_distributions_are_seeded_and_have_their_statistics() -> None:
     assert statistics.pstdev(draws) == pytest.approx(((41**2 - 1) / 12) ** 0.5, rel=0.02)
     normal = Lengths(**NORMAL)
     draws = workloads.draw(normal, 20_000, random.Random(1))
-    assert min(draws) >= 28 and max(draws) <= 120
-    assert statistics.mean(draws) == pytest.approx(64.6, abs=0.5)  # the clip at 28 lifts the mean a little
-    assert statistics.pstdev(draws) == pytest.approx(19.2, abs=0.5)
+    assert (min(draws), max(draws)) == (40, 130)
+    # The exact law of round(N(72, 20)) clipped to [40, 130]: the clip at 40 (1.6 sd) lifts the mean.
+    law, p = statistics.NormalDist(72, 20), {}
+    for k in range(40, 131):
+        p[k] = law.cdf(k + 0.5 if k < 130 else math.inf) - law.cdf(k - 0.5 if k > 40 else -math.inf)
+    mean = sum(k * q for k, q in p.items())
+    sd = sum((k - mean) ** 2 * q for k, q in p.items()) ** 0.5
+    assert mean > 72.3 and statistics.mean(draws) == pytest.approx(mean, abs=0.4)  # 3 standard errors
+    assert statistics.pstdev(draws) == pytest.approx(sd, abs=0.4)
     assert draws == workloads.draw(normal, 20_000, random.Random(1))
     assert draws != workloads.draw(normal, 20_000, random.Random(2))
     assert workloads.draw(Lengths(distribution="fixed", mean=7), 3, random.Random(0)) == [7, 7, 7]
@@ -124,7 +132,7 @@ def test_bad_distributions_and_scenarios_are_named() -> None:
     with pytest.raises(ValidationError, match="a prompt set goes as ids"):
         scenario(input_tokens=None, prompt_set="x", send="chat")
     sc = scenario(input_tokens=NORMAL, output_tokens={"distribution": "uniform", "max": 30}, multi_turn={"turns": 3})
-    assert sc.longest_request == 3 * 120 + 2 * 30 + 30
+    assert sc.longest_request == 3 * 130 + 2 * 30 + 30
 
 
 def test_too_short_for_the_chat_template_is_one_clear_error(plain: Any) -> None:
