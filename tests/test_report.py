@@ -61,6 +61,7 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
         perf = [_request(i, 0.1 * level, [0.02] * 3, 0.2 * level) | key for i in range(4)]
         store.write("perf_requests", shard, _table(schema.PERF_REQUESTS, perf))
         level_row = key | {"wall_s": wall_s, "n_requests": 4, "n_errors": 0, "hostname": "node-1"}
+        level_row |= {"prefix_cache_queries": 400, "prefix_cache_hits": 100 * (level // 2 + 1)}  # 0.25, 0.75
         store.write("perf_levels", shard, _table(schema.PERF_LEVELS, [level_row]))
     smoke = [
         {"check": "completions", "passed": True, "status": 200, "latency_s": 0.05},
@@ -115,6 +116,7 @@ def test_every_section_in_every_format(full: RunReport) -> None:
         "throughput": ["0.0199"],
         "scenarios": ["decode", "1000", "416"],  # prefill tok/s at 1, total tok/s at 4
         "smoke": ["chat/completions", "HTTP 500: a | b"],
+        "workloads": ["0.25", "0.75", "prefix-cache hits: tokens found cached / looked up"],
         "logits": [logits_cos],
         "layers": ["decoder", "0.02"],
         "matrix": ["enforce_eager=False", "enforce_eager: true vs false", "s/p2"],
