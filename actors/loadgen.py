@@ -5,9 +5,10 @@ per-request latency rows.
 It is engine-neutral: an engine hands `measure_level` a `stream(prompt_token_ids, max_tokens)`
 callable yielding `Chunk`s (how many new tokens each carries, and at the end the engine's own
 figures and its count of the prompt), plus keyword options only where a scenario needs them
-(`Request.send_options`: free output, text or chat messages). Every chunk is stamped with time.perf_counter as the client receives it. A chunk of k
-tokens counts as k tokens, each after gap/k: load testers that count one token per chunk (or
-charge the whole gap to one token) overstate inter-token latency whenever the server batches.
+(`Request.send_options`: free output, text or chat messages). Every chunk is stamped with
+time.perf_counter as the client receives it. A chunk of k tokens counts as k tokens, each after
+gap/k: load testers that count one token per chunk (or charge the whole gap to one token)
+overstate inter-token latency whenever the server batches.
 """
 
 from __future__ import annotations
