@@ -11,10 +11,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from actors.tables import scores_table, to_generation
-from fleet.contracts.engine import Completion, Engine, Generation
+from fleet.contracts.engine import Completion, Engine, Generation, Prefix
 from fleet.contracts.targets import HFArgs
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import pyarrow as pa
 
     from fleet.contracts.engine import Positions
@@ -244,43 +246,29 @@ class HFEngine(Engine):
             out.append(probes.LogitsRows(prompt.id, ids, len(ids) - len(logp), logp))
         return probes.logits_table(probes.keys(self.model, self.args.name, prompt_set), out)
 
-    def probe_layers(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions = "all") -> pa.Table:
-        """fleet.contracts.schema.PROBE_LAYERS: hidden states of every prompt position ("all") or the last one.
-
-        transformers' `hidden_states` holds L + 1 tensors: [0] the embeddings (input of layer 1),
-        [i] the output of decoder layer i, except that [L] is replaced by the final norm's output.
-        With the config's `tie_last_hidden_states` off for the call, [L] stays the last decoder
-        layer's output and `last_hidden_state` gives the norm's: rows are layer 0 (embed), 1..L
-        (decoder) and L + 1 (norm). A model whose code ignores that switch (hidden_states[L] is
-        the norm's output) has no row L.
-        """
+    def probe_layers(
+        self,
+        prompts: Sequence[Prompt | Prefix],
+        *,
+        prompt_set: str,
+        positions: Positions = "all",
+        sublayers: bool = False,
+        twin: str | None = None,
+    ) -> pa.Table:
+        """fleet.contracts.schema.PROBE_LAYERS: hidden states of every prompt position ("all") or the
+        last one, after each layer (actors/hf_layers.py); `sublayers` adds each decoder layer's
+        attention and MLP outputs; `twin` (a dtype) probes the precision twin instead of this model.
+        A `Prefix` is probed as the token ids it holds, a prompt as `render` gives it."""
         from actors import capture as probes
+        from actors.hf_layers import capture
 
-        torch, decoder = self.torch, self.net.get_decoder()
-        config, absent = self.net.config, object()
-        saved = getattr(config, "tie_last_hidden_states", absent)
+        net = self.net if twin is None else self._twin(twin)
         out = []
-        try:
-            config.tie_last_hidden_states = False
-            for prompt in prompts:
-                _, ids = self.render(prompt)
-                with torch.inference_mode():
-                    result = decoder(input_ids=torch.tensor([ids], device=self.device), output_hidden_states=True)
-                states, final = list(result.hidden_states), result.last_hidden_state
-                n_layers = len(states) - 1
-                layers = [(0, "embed")] + [(i, "decoder") for i in range(1, n_layers + 1)]
-                if torch.equal(states[-1], final):  # the switch was ignored: [L] is the norm's output
-                    states, layers = states[:-1], layers[:-1]
-                states.append(final)
-                layers.append((n_layers + 1, "norm"))
-                keep = slice(len(ids) - 1, len(ids)) if positions == "last" else slice(None)
-                hidden = [h[0, keep].float().cpu().numpy() for h in states]
-                out.append(probes.LayerRows(prompt.id, ids, list(range(len(ids)))[keep], layers, hidden))
-        finally:
-            if saved is absent:
-                del config.tie_last_hidden_states
-            else:
-                config.tie_last_hidden_states = saved
+        for prompt in prompts:
+            ids = list(prompt.token_ids) if isinstance(prompt, Prefix) else self.render(prompt)[1]
+            layers, hidden = capture(net, ids, device=self.device, last_only=positions == "last", sublayers=sublayers)
+            kept = list(range(len(ids)))[len(ids) - 1 :] if positions == "last" else list(range(len(ids)))
+            out.append(probes.LayerRows(prompt.id, ids, kept, layers, hidden))
         return probes.layers_table(probes.keys(self.model, self.args.name, prompt_set), out)
 
     def describe(self) -> dict[str, str]:

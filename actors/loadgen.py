@@ -1,6 +1,6 @@
 """The load generator of the perf scenarios: the asyncio loop that sends a level's requests
-(actors/workloads.py builds them) on the scenario's schedule and turns an engine's token stream into
-per-request latency rows.
+(actors/workloads.py builds them) on the scenario's schedule (actors/arrivals.py, or a trace's own
+times) and turns an engine's token stream into per-request latency rows.
 
 It is engine-neutral: an engine hands `measure_level` a `stream(prompt_token_ids, max_tokens)`
 callable yielding `Chunk`s (how many new tokens each carries, and at the end the engine's own
@@ -15,14 +15,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
+import dataclasses
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-# encode, level_seed and synthetic_prompts are named here by engines and tests (actors/workloads.py has them).
-from actors.workloads import Request, encode, level_requests, level_seed, synthetic_prompts  # noqa: F401
+from actors.arrivals import scenario_schedule
+
+# encode, prompt_ids, check_fits, level_seed and synthetic_prompts are named here by engines and tests
+# (actors/workloads.py has them).
+from actors.workloads import (  # noqa: F401
+    Request,
+    as_request,
+    check_fits,
+    encode,
+    fixed_output,
+    level_requests,
+    level_seed,
+    prompt_ids,
+    synthetic_prompts,
+    trace_offsets,
+)
 from fleet.contracts.engine import Chunk, EngineStats, PerfResult
 
 if TYPE_CHECKING:
@@ -33,36 +47,11 @@ if TYPE_CHECKING:
 
 # stream(ids, max_tokens, **Request.send_options()): the options only where a scenario needs them.
 Stream = Callable[..., AsyncGenerator[Chunk, None]]
+# Called in the event loop as each measured request is sent, with its index: what else a level
+# sends beside its load hooks in here (parity under load, actors/load_parity.py).
+OnSend = Callable[[int], None]
 # The engine's prefix-cache counters (queries, hits) in tokens, or None where it reports none.
-CacheCounters = Callable[[], Awaitable[tuple[int, int] | None]]
-
-
-def as_request(prompt: list[int] | Request, scenario: Scenario) -> Request:
-    """A bare list of prompt ids as a request for the scenario's fixed output length."""
-    if isinstance(prompt, Request):
-        return prompt
-    out = scenario.output_tokens if isinstance(scenario.output_tokens, int) else scenario.output_tokens.upper
-    return Request(prompt, out, len(prompt), out if scenario.ignore_eos else None)
-
-
-def prompt_ids(
-    scenario: Scenario, tokenizer: Any, prompts: Sequence[str | Prompt] | None = None, *, level: int
-) -> tuple[list[list[int]], list[list[int]]]:
-    """(measured, warm-up) prompt token ids of one level, as the model sees them (`level_requests`)."""
-    measured, warmup = level_requests(scenario, tokenizer, prompts, level=level)
-    return [r.ids for r in measured], [r.ids for r in warmup]
-
-
-def check_fits(scenario: Scenario, prompts: Sequence[list[int] | Request], max_model_len: int) -> None:
-    """Fail before sending anything when a request cannot fit the engine's context."""
-    requests = [as_request(p, scenario) for p in prompts]
-    longest = max((len(r.ids) + r.max_tokens for r in requests), default=0)
-    if longest > max_model_len:
-        msg = (
-            f"scenario {scenario.name!r}: prompt + output reach {longest} tokens, "
-            f"more than the target's max_model_len {max_model_len}"
-        )
-        raise ValueError(msg)
+CacheCounters = Callable[[], Awaitable["tuple[int, int] | None"]]
 
 
 def prepare_level(
@@ -73,15 +62,22 @@ def prepare_level(
     *,
     tokenizer: Any,
     max_model_len: int | None,
-) -> Callable[[Stream, CacheCounters | None], Coroutine[Any, Any, PerfResult]]:
+) -> Callable[..., Coroutine[Any, Any, PerfResult]]:
     """Tokenize one level's prompts and check them against the context now, before anything is
-    sent; return `measure(stream, cache)`, which runs the level on the engine's stream (`measure_level`)."""
+    sent; return `measure(stream, send=None, on_send=None, *, cache=None)`, which runs the level
+    (`measure_level`)."""
     measured, warmup = level_requests(scenario, tokenizer, prompts, level=level)
     if max_model_len:
         check_fits(scenario, measured + warmup, max_model_len)
     model, target = engine.model, engine.args.name
 
-    def measure(stream: Stream, cache: CacheCounters | None = None) -> Coroutine[Any, Any, PerfResult]:
+    def measure(
+        stream: Stream | None,
+        send: Send | None = None,
+        on_send: OnSend | None = None,
+        *,
+        cache: CacheCounters | None = None,
+    ) -> Coroutine[Any, Any, PerfResult]:
         return measure_level(
             stream,
             scenario,
@@ -91,6 +87,8 @@ def prepare_level(
             model=model.name,
             model_weights=model.weights,
             target=target,
+            send=send,
+            on_send=on_send,
             cache=cache,
         )
 
@@ -103,24 +101,53 @@ def _now() -> float:
 
 
 @dataclass
-class _Timing:
+class Timing:
+    """One request as the client saw it, in seconds from the run's start (all clients share it)."""
+
     index: int
     scheduled: float
-    request: Request
+    n_prompt: int  # the engine's own count of the prompt where it reports one, else the ids sent
+    requested_input: int | None = None  # what the workload asked for (actors/workloads.py Request)
+    requested_output: int | None = None
+    ready: float = 0.0  # when it could go: due, and a slot free
     sent: float | None = None
     ended: float | None = None
     first: float | None = None
     last: float | None = None
     n_out: int = 0
-    n_prompt_reported: int | None = None  # the engine's own count of the prompt, where it reports one
     n_chunks: int = 0
     itl: list[float] = field(default_factory=list)
     stats: EngineStats | None = None
     error: str | None = None
+    client: int = 0
+
+    def shifted(self, origin: float) -> Timing:
+        """The same timing with every clock reading taken from `origin`."""
+
+        def at(x: float | None) -> float | None:
+            return None if x is None else x - origin
+
+        moved = dataclasses.replace(self, scheduled=self.scheduled - origin, ready=self.ready - origin)
+        moved.sent, moved.ended, moved.first, moved.last = (
+            at(x) for x in (self.sent, self.ended, self.first, self.last)
+        )
+        return moved
 
 
-async def _one(stream: Stream, t: _Timing) -> None:
-    r = t.request
+@dataclass
+class Sent:
+    """One run of a level: its requests' timings (from its start), when it started (wall clock), and
+    the CPU seconds the client's event-loop thread spent on it (the busiest client's, when several)."""
+
+    timings: list[Timing]
+    started_at: float
+    client_cpu_s: float
+    clients: int = 1
+    hostname: str | None = None  # the clients' nodes; None: this one
+    prefix_cache: tuple[int, int] | None = None  # the engine's prefix-cache (queries, hits) during the run
+
+
+async def _one(stream: Stream, r: Request, t: Timing) -> None:
     t.sent = _now()
     async with contextlib.aclosing(stream(r.ids, r.max_tokens, **r.send_options())) as chunks:
         async for chunk in chunks:
@@ -128,7 +155,7 @@ async def _one(stream: Stream, t: _Timing) -> None:
             if chunk.stats is not None:
                 t.stats = chunk.stats
             if chunk.n_prompt_tokens is not None:
-                t.n_prompt_reported = chunk.n_prompt_tokens
+                t.n_prompt = chunk.n_prompt_tokens
             if chunk.n_tokens <= 0:
                 continue
             # Tokens beyond the first in the first chunk arrived with it: gap 0. Later chunks spread
@@ -141,78 +168,90 @@ async def _one(stream: Stream, t: _Timing) -> None:
             t.n_chunks += 1
 
 
-def _gap(rng: random.Random, rate: float, burstiness: float) -> float:
-    """The time to the next arrival: vLLM's --burstiness, a gamma of shape `burstiness` and scale
-    1 / (rate * burstiness) (mean 1 / rate); at 1, the exponential gap of a Poisson process, drawn
-    as before so that a seed keeps its schedule."""
-    return rng.expovariate(rate) if burstiness == 1 else rng.gammavariate(burstiness, 1 / (rate * burstiness))
-
-
-def arrivals(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
-    """Seconds from a level's start at which each of `n` requests is due: seeded gaps (`_gap`),
-    summed, then scaled so the last is due at n / rate, as vLLM's serving benchmark does
-    (vllm/benchmarks/serve.py `get_request`): every seed then offers the same mean rate, so
-    throughput figures compare across seeds and with `vllm bench serve`."""
-    rng, total, out = random.Random(seed), 0.0, []
-    for _ in range(n):
-        total += _gap(rng, rate, burstiness)
-        out.append(total)
-    scale = (n / rate) / total if total > 0 else 1.0
-    return [t * scale for t in out]
-
-
-async def _schedule(
+async def send(
     stream: Stream,
-    requests: Sequence[Request],
+    prompts: Sequence[list[int] | Request],
+    max_tokens: int,
     *,
     level: int,
-    rate: float | None,
-    seed: int,
-    burstiness: float = 1.0,
-) -> tuple[float, float, list[_Timing]]:
-    """Send `requests` with at most `level` in flight: (start on perf_counter, on the wall clock, timings).
-    A trace's requests are due at their own offsets; a multi-turn request waits for its previous turn."""
-    start, started_at = _now(), time.time()
+    offsets: list[float] | None,
+    indices: Sequence[int] | None = None,
+    start_at: float | None = None,
+    client: int = 0,
+    on_send: OnSend | None = None,
+) -> Sent:
+    """Send `prompts` with at most `level` in flight, each due at its `offsets` entry (seconds from
+    the start; None: a closed loop, each due when a slot frees). `indices` number the requests (default
+    0..n-1); `start_at` (wall clock) is a start shared with other clients (default: now); `on_send(i)`
+    as the i-th is sent. Bare ids ask for exactly `max_tokens` tokens; a `Request` carries its own, and
+    one with `after` (a multi-turn turn) waits for that earlier request of `prompts` to be answered."""
+    if start_at is not None:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+    cpu0, start, started_at = time.thread_time(), _now(), time.time() if start_at is None else start_at
     # Every slot remembers when it became free: in a closed loop that is when the next request is due.
     free_at: asyncio.Queue[float] = asyncio.Queue()
     for _ in range(level):
         free_at.put_nowait(start)
-    timings: list[_Timing] = []
+    timings: list[Timing] = []
     tasks: list[asyncio.Task[None]] = []
-    offsets: list[float] | None = None  # None: closed loop
-    if any(r.offset_s is not None for r in requests):  # a trace: its own times, not drawn ones
-        offsets = [r.offset_s or 0.0 for r in requests]
-    elif rate is not None:
-        offsets = arrivals(len(requests), rate, burstiness, seed)
+    requests = [as_request(p, max_tokens) for p in prompts]
     answered = [asyncio.Event() for _ in requests]
 
-    async def run(t: _Timing) -> None:
+    async def run(position: int, r: Request, t: Timing) -> None:
         try:
-            if (before := t.request.after) is not None:
-                await answered[before].wait()
-                t.scheduled = max(t.scheduled, timings[before].ended or t.scheduled)  # due once answered
-            await _one(stream, t)
+            if r.after is not None:  # due once the previous turn is answered
+                await answered[r.after].wait()
+                t.scheduled = max(t.scheduled, timings[r.after].ended or t.scheduled)
+                t.ready = max(t.ready, t.scheduled)
+            await _one(stream, r, t)
         except Exception as e:  # noqa: BLE001  (a failed request is a row, not the end of the level)
             t.error = f"{type(e).__name__}: {e}"[:500]
         finally:
             t.ended = _now()
-            answered[t.index].set()
+            answered[position].set()
             free_at.put_nowait(t.ended)
 
-    for i, request in enumerate(requests):
+    for i, r in enumerate(requests):
         due = start + offsets[i] if offsets is not None else start
         if offsets is not None:
             await asyncio.sleep(max(0.0, due - _now()))
         freed = await free_at.get()
-        t = _Timing(index=i, scheduled=due if offsets is not None else freed, request=request)
+        index = indices[i] if indices is not None else i
+        t = Timing(
+            index=index,
+            scheduled=due if offsets is not None else freed,
+            n_prompt=len(r.ids),
+            requested_input=r.requested_input,
+            requested_output=r.requested_output,
+            client=client,
+        )
+        t.ready = max(due, freed)
         timings.append(t)
-        tasks.append(asyncio.create_task(run(t)))
+        tasks.append(asyncio.create_task(run(i, r, t)))
+        if on_send is not None:
+            on_send(i)
     await asyncio.gather(*tasks)
-    return start, started_at, timings
+    return Sent([t.shifted(start) for t in timings], started_at, time.thread_time() - cpu0)
+
+
+# send(requests, offsets, level, max_tokens): one run of a level, in this process (`local`) or over
+# client actors (actors/load_clients.py); max_tokens for bare ids only (a Request has its own).
+Send = Callable[[Sequence["list[int] | Request"], "list[float] | None", int, int], Awaitable[Sent]]
+
+
+def local(stream: Stream, *, on_send: OnSend | None = None) -> Send:
+    """A `Send` that runs in this process on `stream` (actors/load_clients.py spreads one over actors)."""
+
+    def run(
+        prompts: Sequence[list[int] | Request], offsets: list[float] | None, level: int, max_tokens: int
+    ) -> Awaitable[Sent]:
+        return send(stream, prompts, max_tokens, level=level, offsets=offsets, on_send=on_send)
+
+    return run
 
 
 async def measure_level(
-    stream: Stream,
+    stream: Stream | None,
     scenario: Scenario,
     level: int,
     *,
@@ -221,42 +260,42 @@ async def measure_level(
     model: str,
     model_weights: str,
     target: str,
+    send: Send | None = None,
+    on_send: OnSend | None = None,
     cache: CacheCounters | None = None,
 ) -> PerfResult:
-    """Warm up (unrecorded, closed loop), then send `prompts` on the scenario's schedule at `level`;
-    `cache` reads the engine's prefix-cache counters, before and after the measured requests."""
-    warm_requests = [as_request(p, scenario) for p in warmup]
-    *_, warm = await _schedule(stream, warm_requests, level=level, rate=None, seed=scenario.seed)
+    """Warm up (unrecorded, closed loop), then send `prompts` on the scenario's schedule at `level`
+    (a sweep: several runs, actors/sweep.py), on `stream` in this process or through `send`
+    (several client processes, actors/load_clients.py); `on_send(i)` as the i-th measured request is
+    sent (in this process only: parity under load rides one client's event loop); `cache` reads the
+    engine's prefix-cache counters before and after each measured run. A trace's requests are due at
+    the trace's own offsets, in place of the scenario's arrival pattern."""
+    from actors import sweep
+    from actors.cache_stats import counted
+
+    if send is not None and on_send is not None:
+        msg = f"scenario {scenario.name!r}: parity under load needs the load sent from the engine's actor (clients: 1)"
+        raise ValueError(msg)
+    if send is None:
+        assert stream is not None, "measure_level needs a stream or a send"
+        send = local(stream)
+    run = send
+    measured_run = counted(run if on_send is None or stream is None else local(stream, on_send=on_send), cache)
+    out = fixed_output(scenario)
+    warm = (await run(warmup, None, level, out)).timings
     if failed := [t.error for t in warm if t.error]:
         msg = f"scenario {scenario.name!r} level {level}: warm-up request failed: {failed[0]}"
         raise RuntimeError(msg)
-    before = await cache() if cache else None
-    start, started_at, timings = await _schedule(
-        stream,
-        [as_request(p, scenario) for p in prompts],
-        level=level,
-        rate=scenario.request_rate,
-        seed=scenario.seed,
-        burstiness=scenario.burstiness,
-    )
-    wall = max((t.ended or start for t in timings), default=start) - start
-    after = await cache() if cache and before is not None else None
     keys = {"model": model, "model_weights": model_weights, "target": target, "scenario": scenario.name, "level": level}
-    hits: dict[str, int | None] = {"prefix_cache_queries": None, "prefix_cache_hits": None}
-    if before is not None and after is not None:
-        hits = {"prefix_cache_queries": after[0] - before[0], "prefix_cache_hits": after[1] - before[1]}
-    return _tables(keys, scenario, start, started_at, wall, timings, hits)
+    if scenario.sweep is not None:
+        return await sweep.search(measured_run, scenario, level, prompts=prompts, keys=keys)
+    offsets = trace_offsets(prompts)
+    sent = await measured_run(prompts, offsets or scenario_schedule(scenario, len(prompts)), level, out)
+    return tables(keys, scenario.request_rate, sent)
 
 
-def _tables(
-    keys: dict[str, Any],
-    scenario: Scenario,
-    start: float,
-    started_at: float,
-    wall: float,
-    timings: list[_Timing],
-    cache_hits: dict[str, int | None],
-) -> PerfResult:
+def tables(keys: dict[str, Any], rate: float | None, sent: Sent, *, probe: int = 0) -> PerfResult:
+    """The perf_requests rows and the perf_levels row of one run of a level."""
     import datetime as dt
     import socket
 
@@ -267,6 +306,7 @@ def _tables(
     def since(x: float | None, origin: float | None) -> float | None:
         return None if x is None or origin is None else x - origin
 
+    timings = sorted(sent.timings, key=lambda t: t.index)  # times are from the run's start
     rows = []
     for t in timings:
         s = t.stats or EngineStats()
@@ -275,35 +315,41 @@ def _tables(
             keys
             | {
                 "request_index": t.index,
-                "scheduled_s": t.scheduled - start,
-                "sent_s": since(t.sent, start),
+                "scheduled_s": t.scheduled,
+                "sent_s": t.sent,
                 "queue_delay_s": since(t.sent, t.scheduled),
                 "ttft_s": since(t.first, t.sent) if done else None,
-                "tpot_s": (t.last - t.first) / (t.n_out - 1) if done and t.first and t.last and t.n_out > 1 else None,
+                "tpot_s": (t.last - t.first) / (t.n_out - 1)
+                if done and t.first is not None and t.last is not None and t.n_out > 1
+                else None,
                 "e2e_s": since(t.last, t.sent) if done else None,
                 "itl_s": t.itl if done else None,
-                "n_prompt_tokens": t.n_prompt_reported if t.n_prompt_reported is not None else len(t.request.ids),
+                "n_prompt_tokens": t.n_prompt,
                 "n_output_tokens": t.n_out,
                 "n_chunks": t.n_chunks,
                 "engine_queue_s": s.queue_s,
                 "engine_ttft_s": s.ttft_s,
                 "engine_tpot_s": s.tpot_s,
                 "error": t.error,
-                "requested_prompt_tokens": t.request.requested_input,
-                "requested_output_tokens": t.request.requested_output,
+                "probe": probe,
+                "send_lag_s": since(t.sent, t.ready),
+                "client": t.client,
+                "requested_prompt_tokens": t.requested_input,
+                "requested_output_tokens": t.requested_output,
             }
         )
-    level_row = (
-        keys
-        | {
-            "request_rate": scenario.request_rate,
-            "n_requests": len(timings),
-            "n_errors": sum(t.error is not None for t in timings),
-            "started_at": dt.datetime.fromtimestamp(started_at, tz=dt.UTC),
-            "wall_s": wall,
-            "hostname": socket.gethostname(),
-        }
-        | cache_hits
-    )
+    level_row = keys | {
+        "request_rate": rate,
+        "n_requests": len(timings),
+        "n_errors": sum(t.error is not None for t in timings),
+        "started_at": dt.datetime.fromtimestamp(sent.started_at, tz=dt.UTC),
+        "wall_s": max((t.ended or 0.0 for t in timings), default=0.0),  # first due to last done
+        "hostname": sent.hostname or socket.gethostname(),
+        "probe": probe,
+        "clients": sent.clients,
+        "client_cpu_s": sent.client_cpu_s,
+        "prefix_cache_queries": sent.prefix_cache[0] if sent.prefix_cache else None,
+        "prefix_cache_hits": sent.prefix_cache[1] if sent.prefix_cache else None,
+    }
     requests = pa.Table.from_pylist(rows, schema=schema.PERF_REQUESTS) if rows else schema.PERF_REQUESTS.empty_table()
     return PerfResult(requests, pa.Table.from_pylist([level_row], schema=schema.PERF_LEVELS))

@@ -226,17 +226,50 @@ class OpenAIEngine(Engine):
 
         return pa.Table.from_pylist(asyncio.run(run()), schema=schema.SMOKE)
 
-    def perf(self, scenario: Scenario, level: int, prompts: Sequence[str | Prompt] | None = None) -> PerfResult:
-        """One level of a perf scenario over streaming HTTP (SSE); see actors/loadgen.py."""
+    def perf(
+        self,
+        scenario: Scenario,
+        level: int,
+        prompts: Sequence[str | Prompt] | None = None,
+        parity_prompts: Sequence[Prompt] | None = None,
+    ) -> PerfResult:
+        """One level of a perf scenario over streaming HTTP (SSE); see actors/loadgen.py. The
+        scenario's `parity:` prompts go as `generate` sends them, alone and mid-load (actors/load_parity.py)."""
+        from actors.load_parity import run_level
         from actors.loadgen import prepare_level
 
         tokenizer, max_len = self.tokenizer, self.max_model_len
         measure = prepare_level(self, scenario, level, prompts, tokenizer=tokenizer, max_model_len=max_len)
 
+        if scenario.clients > 1:  # several client processes, each with its own session
+            from actors.load_clients import spread
+
+            send, clients = spread(self.http, scenario.clients, client_cpus=scenario.client_cpus)
+
+            async def spread_run() -> PerfResult:
+                async with self.http.session(0) as session:  # the driver's: only the prefix-cache counters
+                    return await measure(None, send, cache=functools.partial(self.http.prefix_cache, session))
+
+            try:
+                return asyncio.run(spread_run())
+            finally:
+                clients.close()
+
         async def run() -> PerfResult:
             async with self.http.session(0) as session:  # 0: no connection cap, the level is the cap
                 cache = functools.partial(self.http.prefix_cache, session)
-                return await measure(functools.partial(self.http.stream, session), cache)
+
+                async def complete(prompt: Prompt) -> Completion:
+                    route, body, sent = self._request(prompt)
+                    t0 = time.perf_counter()
+                    answer = await self.http.post(session, route, body)
+                    return self._completion(prompt, route, sent, answer, time.perf_counter() - t0)
+
+                stream = functools.partial(self.http.stream, session)
+                return await run_level(
+                    functools.partial(measure, cache=cache), stream, engine=self, scenario=scenario, level=level,
+                    prompts=parity_prompts, complete=complete,
+                )  # fmt: skip
 
         return asyncio.run(run())
 

@@ -9,15 +9,18 @@ capability the backend declares (fleet/contracts/engine.py) instead of probing f
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from actors import engine_class
 from fleet.contracts.engine import ProbesLayers, ProbesLogits, ResolvedModel, RunsPerf, Smokes
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import pyarrow as pa
 
-    from fleet.contracts.engine import Generation, PerfResult, Positions
+    from fleet.contracts.engine import Generation, PerfResult, Positions, Prefix, RowSink
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.spec import ModelSpec, Sampling, Scenario, Shard
     from fleet.contracts.targets import Capability, TargetArgs
@@ -51,6 +54,15 @@ class TargetActor:
     def score(self, requests: pa.Table, *, k: int, twin: str | None = None) -> pa.Table:
         return self.engine.score(requests, k=k, twin=twin)
 
+    def generate_to(self, shard: Shard, sink: RowSink) -> Any:
+        """`generate`, its rows stored here by `sink` (the engines write their own rows): the
+        driver gets back only where they wait."""
+        return sink.generated(self.generate(shard))
+
+    def score_staged(self, sink: RowSink, shard_id: str, weights: str, *, k: int, twin: str | None = None) -> Any:
+        """`score` of a candidate shard `sink` stored, read, scored and stored again here."""
+        return sink.scored(shard_id, weights, functools.partial(self.engine.score, k=k, twin=twin))
+
     def describe(self) -> dict[str, str]:
         """Provenance: the engine's environment plus exactly which weights it loaded, and where."""
         import json
@@ -75,17 +87,27 @@ class TargetActor:
             "revision": m.revision or "",
         }
 
-    def perf(self, scenario: Scenario, level: int, prompts: list[Prompt] | None) -> PerfResult:
-        return self._capable("perf", RunsPerf).perf(scenario, level, prompts)
+    def perf(
+        self, scenario: Scenario, level: int, prompts: list[Prompt] | None, parity_prompts: list[Prompt] | None = None
+    ) -> PerfResult:
+        return self._capable("perf", RunsPerf).perf(scenario, level, prompts, parity_prompts)
 
     def probe_logits(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions) -> pa.Table:
         return self._capable("probe_logits", ProbesLogits).probe_logits(
             prompts, prompt_set=prompt_set, positions=positions
         )
 
-    def probe_layers(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions) -> pa.Table:
+    def probe_layers(
+        self,
+        prompts: Sequence[Prompt | Prefix],
+        *,
+        prompt_set: str,
+        positions: Positions,
+        sublayers: bool = False,
+        twin: str | None = None,
+    ) -> pa.Table:
         return self._capable("probe_layers", ProbesLayers).probe_layers(
-            prompts, prompt_set=prompt_set, positions=positions
+            prompts, prompt_set=prompt_set, positions=positions, sublayers=sublayers, twin=twin
         )
 
     def smoke(self) -> pa.Table:

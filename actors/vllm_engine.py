@@ -189,26 +189,49 @@ class VllmEngine(Engine):
         del self.llm
         gc.collect()
 
-    def perf(self, scenario: Scenario, level: int, prompts: Sequence[str | Prompt] | None = None) -> PerfResult:
+    def perf(
+        self,
+        scenario: Scenario,
+        level: int,
+        prompts: Sequence[str | Prompt] | None = None,
+        parity_prompts: Sequence[Prompt] | None = None,
+    ) -> PerfResult:
         """Run one level of a perf scenario on this engine, streaming DELTA outputs (actors/loadgen.py).
 
-        `prompts` are the scenario's prompt set when it names one. The same in-process engine that
-        generates and scores runs the load, through its own step loop (actors/vllm_stream.py): no
-        second engine (~1.9 GB each, docs/platform.md).
+        `prompts` are the scenario's prompt set when it names one; `parity_prompts` its `parity:`
+        set, sent alone and mid-load with the run's sampling (actors/load_parity.py). The same
+        in-process engine that generates and scores runs the load, through its own step loop
+        (actors/vllm_stream.py): no second engine (~1.9 GB each, docs/platform.md).
         """
         import asyncio
+        import functools
 
         from actors.cache_stats import from_engine
-        from actors.loadgen import prepare_level
+        from actors.load_parity import run_level
+        from actors.loadgen import encode, prepare_level
 
         engine = self.llm.llm_engine
         max_len = engine.model_config.max_model_len
         measure = prepare_level(self, scenario, level, prompts, tokenizer=self.tokenizer, max_model_len=max_len)
+        bridge = StepBridge(engine)
 
         async def cache() -> tuple[int, int] | None:
             return from_engine(engine)
 
-        return StepBridge(engine).run(lambda stream: asyncio.run(measure(stream, cache)))
+        async def complete(prompt: Prompt) -> Completion:
+            # Rendered as the HF reference renders it (chat through the template), so that prompt
+            # ids are the same alone and under load whatever the prompt.
+            out = await bridge.complete(encode(self.tokenizer, prompt), self._params())
+            return self._completion(prompt, out)
+
+        def load(stream: Any) -> PerfResult:
+            run = run_level(
+                functools.partial(measure, cache=cache), stream, engine=self, scenario=scenario, level=level,
+                prompts=parity_prompts, complete=complete,
+            )  # fmt: skip
+            return asyncio.run(run)
+
+        return bridge.run(load)
 
 
 def _step(entries: dict[int, Any]) -> Step:

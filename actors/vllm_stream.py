@@ -48,7 +48,7 @@ class StepBridge:
         self.outputs[rid] = (asyncio.get_running_loop(), inbox)
         if self.failed is not None:  # checked after registering: see _fail
             raise self.failed
-        self.commands.put(("add", (rid, prompt_token_ids, max_tokens, ignore_eos)))
+        self.commands.put(("add", (rid, prompt_token_ids, _delta(max_tokens, ignore_eos=ignore_eos))))
         finished = False
         try:
             while not finished:
@@ -64,6 +64,29 @@ class StepBridge:
         finally:
             self.outputs.pop(rid, None)
             if not finished:
+                self.commands.put(("abort", rid))
+
+    async def complete(self, prompt_token_ids: list[int], params: Any) -> Any:
+        """One request with `params` (vLLM SamplingParams, final output only) beside the load's
+        streams: its finished RequestOutput (parity under load, actors/load_parity.py)."""
+        import asyncio
+
+        rid = f"parity-{next(self.ids)}"
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+        self.outputs[rid] = (asyncio.get_running_loop(), inbox)
+        if self.failed is not None:
+            raise self.failed
+        self.commands.put(("add", (rid, prompt_token_ids, params)))
+        out = None
+        try:
+            while out is None or not out.finished:
+                out = await inbox.get()
+                if isinstance(out, BaseException):
+                    raise out
+            return out
+        finally:
+            self.outputs.pop(rid, None)
+            if out is None or isinstance(out, BaseException) or not out.finished:
                 self.commands.put(("abort", rid))
 
     def run(self, load: Callable[[Any], PerfResult]) -> PerfResult:
@@ -96,9 +119,7 @@ class StepBridge:
         return result[0]
 
     def _serve(self) -> None:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
 
         engine, live = self.engine, set[str]()
         done = False
@@ -114,13 +135,7 @@ class StepBridge:
                 elif what == "abort":
                     live -= self._abort({payload} & live)
                 else:
-                    rid, ids, max_tokens, ignore_eos = payload
-                    params = SamplingParams(
-                        temperature=0.0,
-                        max_tokens=max_tokens,
-                        ignore_eos=ignore_eos,
-                        output_kind=RequestOutputKind.DELTA,
-                    )
+                    rid, ids, params = payload
                     try:
                         engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
                         live.add(rid)
@@ -152,6 +167,17 @@ class StepBridge:
         # Leave the engine as LLM.generate expects it: nothing queued, nothing running.
         while self.engine.has_unfinished_requests():
             self.engine.step()
+
+
+def _delta(max_tokens: int, *, ignore_eos: bool = True) -> Any:
+    """The load's sampling: greedy, `max_tokens` tokens (exactly, unless `ignore_eos` is off: a
+    workload with free output lengths), streamed as DELTA outputs."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos, output_kind=RequestOutputKind.DELTA
+    )
 
 
 def request_stats(metrics: Any, n_tokens: int | None = None) -> EngineStats:

@@ -96,6 +96,49 @@ def draw(lengths: int | Lengths, n: int, rng: random.Random) -> list[int]:
     return [min(high, max(low, round(rng.gauss(mean, std)))) for _ in range(n)]
 
 
+def fixed_output(scenario: Scenario) -> int:
+    """The output cap of requests given as bare ids: the scenario's count, or its distribution's upper bound."""
+    out = scenario.output_tokens
+    return out if isinstance(out, int) else out.upper
+
+
+def measured_count(scenario: Scenario) -> int:
+    """Measured requests of one level: num_requests per run, a sweep's runs each with fresh prompts."""
+    return scenario.num_requests * (scenario.sweep.runs if scenario.sweep else 1)
+
+
+def trace_offsets(requests: Sequence[list[int] | Request]) -> list[float] | None:
+    """A trace's own due times (seconds from the level's start), None when the requests are not a trace's."""
+    if not any(isinstance(r, Request) and r.offset_s is not None for r in requests):
+        return None
+    return [(r.offset_s or 0.0) if isinstance(r, Request) else 0.0 for r in requests]
+
+
+def as_request(prompt: list[int] | Request, max_tokens: int) -> Request:
+    """A bare list of prompt ids as a request for exactly `max_tokens` tokens."""
+    return prompt if isinstance(prompt, Request) else Request(prompt, max_tokens, len(prompt), max_tokens)
+
+
+def prompt_ids(
+    scenario: Scenario, tokenizer: Any, prompts: Sequence[str | Prompt] | None = None, *, level: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """(measured, warm-up) prompt token ids of one level, as the model sees them (`level_requests`)."""
+    measured, warmup = level_requests(scenario, tokenizer, prompts, level=level)
+    return [r.ids for r in measured], [r.ids for r in warmup]
+
+
+def check_fits(scenario: Scenario, prompts: Sequence[list[int] | Request], max_model_len: int) -> None:
+    """Fail before sending anything when a request cannot fit the engine's context."""
+    requests = [as_request(p, fixed_output(scenario)) for p in prompts]
+    longest = max((len(r.ids) + r.max_tokens for r in requests), default=0)
+    if longest > max_model_len:
+        msg = (
+            f"scenario {scenario.name!r}: prompt + output reach {longest} tokens, "
+            f"more than the target's max_model_len {max_model_len}"
+        )
+        raise ValueError(msg)
+
+
 def level_requests(
     scenario: Scenario, tokenizer: Any, prompts: Sequence[str | Prompt] | None = None, *, level: int
 ) -> tuple[list[Request], list[Request]]:
@@ -103,7 +146,7 @@ def level_requests(
     the measured median length in the same send mode, from another seed: they share no prefix with
     the measured ones, so they warm the engine without filling its prefix cache for them."""
     seed = level_seed(scenario, level)
-    rng, n = random.Random(seed), scenario.num_requests
+    rng, n = random.Random(seed), measured_count(scenario)
     outputs = draw(scenario.output_tokens, n, rng)
     if scenario.trace is not None:
         measured = _trace(scenario, tokenizer, outputs, rng)
@@ -153,7 +196,7 @@ def _shared_prefix(
     tokens as the model sees them (vLLM counts the ids before decoding and re-encoding)."""
     spec = scenario.shared_prefix
     assert spec is not None
-    per, out = scenario.num_requests // spec.groups, []
+    per, out = len(inputs) // spec.groups, []
     for g in range(spec.groups):
         prefix = content(tokenizer, spec.prefix_tokens, rng=rng)
         for i in range(g * per, (g + 1) * per):
@@ -174,7 +217,7 @@ def _multi_turn(
     with chat the new user message also absorbs the template's tokens around the two messages."""
     spec = scenario.multi_turn
     assert spec is not None
-    conversations = scenario.num_requests // spec.turns
+    conversations = len(inputs) // spec.turns
     history: list[list[list[int]]] = [[] for _ in range(conversations)]
     last: list[tuple[int, int] | None] = [None] * conversations  # (request index, its prompt length)
     out: list[Request] = []

@@ -2,13 +2,16 @@
 actors/loadgen.py, exactly as a perf level runs) against a loopback server that answers at once.
 
     .venv/bin/python benchmarks/client_ceiling.py [--levels 1 8 64 256] [--output-tokens 64] [--requests 400]
+                                                  [--clients 1 2]
 
 The server is a separate process (aiohttp, one core) that streams `max_tokens` SSE events, one
 token id each, with no model behind them. Per level the benchmark prints the requests/s and
 output tok/s the client sustained, the send lag (how late requests left against the closed loop's
-schedule), and the CPU each process used per wall second: a client near 100 % is the bottleneck,
-and a real server slower than these figures is measured, not the client. On a 2-core machine the
-two processes share the cores, so this is a floor of the client's ceiling, not its limit.
+schedule), and the CPU per wall second of the client's event loop (the busiest client's) and of the
+server: a client near 100 % is the bottleneck, and a real server slower than these figures is
+measured, not the client. `--clients 2` runs the same levels again spread over two Ray actors
+(actors/load_clients.py, each every other arrival), as a scenario's `clients: 2` does. On a 2-core
+machine the server and the clients share the cores, so this is a floor of the client's ceiling, not its limit.
 """
 
 from __future__ import annotations
@@ -58,8 +61,10 @@ def main() -> None:
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 2], help="client processes (2+: Ray actors)")
     args = parser.parse_args()
 
+    from actors.load_clients import Clients
     from actors.loadgen import measure_level
     from actors.openai_http import OpenAIHttp
     from fleet.contracts.spec import Scenario
@@ -78,48 +83,63 @@ def main() -> None:
         time.sleep(0.1)
 
     print(f"loopback server pid {server.pid}; {args.requests} requests x {args.output_tokens} tokens per level")
-    print(f"{'level':>6} {'req/s':>8} {'out tok/s':>10} {'send lag p99 s':>15} {'client CPU':>11} {'server CPU':>11}")
+    print(
+        f"{'clients':>7} {'level':>6} {'req/s':>8} {'out tok/s':>10} {'send lag p99 s':>15} "
+        f"{'client CPU':>11} {'server CPU':>11}"
+    )
     prompt = [[7] * 16 for _ in range(args.requests)]
-    for level in args.levels:
-        scenario = Scenario(
-            name="ceiling", concurrency=[level], input_tokens=16, output_tokens=args.output_tokens,
-            num_requests=args.requests, warmup_requests=min(level, 32),
-        )  # fmt: skip
+    for clients in args.clients:
+        pool = None
+        if clients > 1:
+            import ray
 
-        async def run(scenario: Scenario = scenario, level: int = level) -> tuple[object, float]:
-            async with http.session(0) as session:
+            ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+            pool = Clients(http, clients, client_cpus=0)  # the server and the actors share this machine's cores
+        for level in args.levels:
+            if level < clients:
+                continue
+            scenario = Scenario(
+                name="ceiling", concurrency=[level], input_tokens=16, output_tokens=args.output_tokens,
+                num_requests=args.requests, warmup_requests=min(level, 32), clients=clients,
+            )  # fmt: skip
 
-                def stream(ids: list[int], max_tokens: int) -> object:
-                    return http.stream(session, ids, max_tokens)
+            async def run(scenario: Scenario = scenario, level: int = level, pool: Clients | None = pool) -> object:
+                async with http.session(0) as session:
 
-                t0 = time.perf_counter()
-                result = await measure_level(
-                    stream,  # type: ignore[arg-type]
-                    scenario,
-                    level,
-                    prompts=prompt,
-                    warmup=prompt[: scenario.warmup_requests],
-                    model="loopback",
-                    model_weights="none",
-                    target="loopback",
-                )
-                return result, time.perf_counter() - t0
+                    def stream(ids: list[int], max_tokens: int) -> object:
+                        return http.stream(session, ids, max_tokens)
 
-        client0, server0, wall0 = time.process_time(), cpu_seconds(server.pid or 0), time.perf_counter()
-        result, _ = asyncio.run(run())
-        wall = time.perf_counter() - wall0
-        client_cpu, server_cpu = time.process_time() - client0, cpu_seconds(server.pid or 0) - server0
-        level_row = result.level.to_pylist()[0]  # type: ignore[attr-defined]
-        requests = result.requests.to_pylist()  # type: ignore[attr-defined]
-        qps, tok_s = level_row["n_requests"] / level_row["wall_s"], sum(r["n_output_tokens"] or 0 for r in requests)
-        lags = sorted(r["queue_delay_s"] for r in requests if r["queue_delay_s"] is not None)
-        lag_p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else float("nan")
-        print(
-            f"{level:>6} {qps:>8.1f} {tok_s / level_row['wall_s']:>10.0f} {lag_p99:>15.4f} "
-            f"{100 * client_cpu / wall:>10.0f}% {100 * server_cpu / wall:>10.0f}%"
-            + (f"  ({level_row['n_errors']} errors)" if level_row["n_errors"] else ""),
-            flush=True,
-        )
+                    return await measure_level(
+                        None if pool else stream,  # type: ignore[arg-type]
+                        scenario,
+                        level,
+                        prompts=prompt,
+                        warmup=prompt[: scenario.warmup_requests],
+                        model="loopback",
+                        model_weights="none",
+                        target="loopback",
+                        send=pool.send if pool else None,
+                    )
+
+            server0, wall0 = cpu_seconds(server.pid or 0), time.perf_counter()
+            result = asyncio.run(run())
+            wall, server_cpu = time.perf_counter() - wall0, cpu_seconds(server.pid or 0) - server0
+            row = result.level.to_pylist()[0]  # type: ignore[attr-defined]
+            requests = result.requests.to_pylist()  # type: ignore[attr-defined]
+            qps, tok_s = row["n_requests"] / row["wall_s"], sum(r["n_output_tokens"] or 0 for r in requests)
+            lags = sorted(r["send_lag_s"] for r in requests if r["send_lag_s"] is not None)
+            lag_p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else float("nan")
+            print(
+                f"{clients:>7} {level:>6} {qps:>8.1f} {tok_s / row['wall_s']:>10.0f} {lag_p99:>15.4f} "
+                f"{100 * row['client_cpu_s'] / row['wall_s']:>10.0f}% {100 * server_cpu / wall:>10.0f}%"
+                + (f"  ({row['n_errors']} errors)" if row["n_errors"] else ""),
+                flush=True,
+            )
+        if pool is not None:
+            pool.close()
+            import ray
+
+            ray.shutdown()
     server.terminate()
     server.join(timeout=10)
 

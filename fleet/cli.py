@@ -122,15 +122,20 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(msg)
     if args.check:
         return _check(args)
+    from fleet.analysis.drilldown import points
+    from fleet.report.drilldown import write_msprobe_configs
     from fleet.report.stages import gates_failed
 
     common["gates_of"] = gates_failed  # `after:` waits for the gates of the target it follows
+    common["drilldown_of"] = points  # `drilldown:` probes the real divergences the analysis finds
     if args.resume is not None:
         run_dir, _ = driver.resume(args.resume, **common)
     else:
         run_dir, _ = driver.run(
             args.manifest, results_dir=args.results, run_id=args.run_id, overrides=args.overrides, **common
         )
+    for path in write_msprobe_configs(run_dir):
+        print(f"msprobe configuration: {path}")
     report, code = _summarize(run_dir)
     record_verdict(run_dir, {None: "none", True: "PASS", False: "FAIL"}[report.gates_passed])
     print(f"\nresults: {run_dir}")

@@ -48,7 +48,8 @@ ENGINE_MANIFEST = textwrap.dedent(
     sampling: {max_tokens: 32, logprobs: 5}
     run: {shard_size: 5}
     perf:
-      - {name: short, concurrency: [1, 4], input_tokens: 32, output_tokens: 16, num_requests: 8, warmup_requests: 2}
+      - {name: short, concurrency: [1, 4], input_tokens: 32, output_tokens: 16, num_requests: 8, warmup_requests: 2,
+         parity: {prompt_set: eight}}
     """
 ).replace("PROMPTS_HERE", "\n".join(f'    - {{id: p{i}, prompt: "{p}"}}' for i, p in enumerate(PROMPTS)))
 

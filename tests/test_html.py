@@ -25,9 +25,10 @@ from fleet.report import markdown, plots, svg
 from fleet.report.model import RunReport
 from fleet.report.sections import sections
 
-# scatter, drift by position, divergence, setting effects, TTFT CDF, E2E CDF, concurrency sweep,
-# layer rel_l2 and cosine
-N_PLOTS = 9
+# scatter, drift by position, divergence, setting effects, TTFT CDF, E2E CDF, 2 concurrency sweeps
+# (decode, capacity's closed loop), the rate sweep, parity vs load (TF p99 and real divergences),
+# layer rel_l2 and cosine, the drill-down's curve
+N_PLOTS = 14
 GATES = gates.parse(
     [
         {"metric": "first_top1_agreement", "op": ">=", "threshold": 1.0},

@@ -12,11 +12,12 @@ import polars as pl
 import pytest
 from pydantic import ValidationError
 
+from actors import arrivals
 from actors import loadgen as perf
 from fleet.analysis import perf as fleet_perf
 from fleet.contracts import schema
 from fleet.contracts.engine import Chunk, EngineStats
-from fleet.contracts.spec import Scenario
+from fleet.contracts.spec import Scenario, Slo
 
 
 class FakeTokenizer:
@@ -182,7 +183,7 @@ def test_burstiness_draws_vllms_gamma_gaps() -> None:
     """Gaps of shape b and scale 1 / (rate * b), as vLLM's --burstiness: mean 1 / rate, coefficient
     of variation 1 / sqrt(b); the run's schedule is exactly the seeded draws."""
     rng = random.Random(3)
-    gaps = [perf._gap(rng, 50.0, 0.25) for _ in range(20_000)]
+    gaps = [arrivals.gap(rng, 50.0, 0.25) for _ in range(20_000)]
     mean = sum(gaps) / len(gaps)
     cv = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
     assert mean == pytest.approx(1 / 50.0, rel=0.05) and cv == pytest.approx(2.0, rel=0.05)
@@ -297,6 +298,8 @@ def test_goodput_is_vllms_rule() -> None:
 
     good = [r for r in requests.to_dicts() if vllm_good(r)]
     assert [r["request_index"] for r in good] == [0, 2]
+    # The row-at-a-time rule a sweep judges its probes by as it runs (actors/sweep.py) agrees.
+    assert [r["request_index"] for r in requests.to_dicts() if Slo(**slo).met(r)] == [0, 2]
     assert row["goodput_qps"] == pytest.approx(len(good) / 2.0)
     assert row["goodput_tok_s"] == pytest.approx(sum(r["n_output_tokens"] for r in good) / 2.0)
     assert row["slo_share"] == pytest.approx(2 / 5)

@@ -74,6 +74,10 @@ def test_levels_give_exact_token_counts_and_engine_figures(engine: Any) -> None:
         assert overlapping == (level > 1)
         [lv] = result.level.to_pylist()
         assert (lv["model"], lv["target"], lv["level"], lv["n_requests"]) == ("tiny", "vllm-fp32", level, 8)
+        # The client's own figures: its event-loop thread's CPU (not the engine's, in this process) and
+        # every request's lag behind the moment it could go.
+        assert 0 < lv["client_cpu_s"] < lv["wall_s"] and (lv["probe"], lv["clients"]) == (0, 1)
+        assert all(r["send_lag_s"] >= 0 and r["probe"] == 0 and r["client"] == 0 for r in rows)
     assert not engine.llm.llm_engine.has_unfinished_requests()
     assert generate(engine) == before  # perf left the engine as generate expects it
 
@@ -93,6 +97,17 @@ def test_prompt_set_with_chat_prompts_and_open_loop(engine: Any) -> None:
     assert [r["n_prompt_tokens"] for r in rows] == lengths * 2
     scheduled = [r["scheduled_s"] for r in rows]
     assert scheduled == sorted(scheduled) and scheduled[0] > 0  # Poisson arrivals, not all at once
+
+
+def test_a_sweep_runs_its_probes_on_the_engine(engine: Any) -> None:
+    """An SLO nothing meets: the closed loop fails, then the floor fails, and the search stops there."""
+    sc = scenario(concurrency=[4], num_requests=4, slo={"e2e_s": 1e-6}, sweep={"floor_rps": 50.0, "steps": 2})
+    result = engine.perf(sc, 4)
+    levels = result.level.to_pylist()
+    assert [(lv["probe"], lv["request_rate"]) for lv in levels] == [(0, None), (1, 50.0)]
+    rows = result.requests.to_pylist()
+    assert [r["probe"] for r in rows] == [0] * 4 + [1] * 4 and all(r["error"] is None for r in rows)
+    assert not engine.llm.llm_engine.has_unfinished_requests()
 
 
 def test_too_long_for_the_context_fails_before_sending(engine: Any) -> None:

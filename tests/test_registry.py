@@ -118,7 +118,7 @@ class _WrongPerf(_Basics):
 
 
 class _UndeclaredSmoke(_Basics):
-    def perf(self, scenario: Any, level: int, prompts: Any = None) -> Any: ...
+    def perf(self, scenario: Any, level: int, prompts: Any = None, parity_prompts: Any = None) -> Any: ...
     def smoke(self) -> Any: ...
 
 
@@ -136,7 +136,7 @@ def test_a_broken_backend_is_caught() -> None:
 class _Everything:
     """An engine with every capability, to show the actor calls only the declared ones."""
 
-    def perf(self, scenario: Any, level: int, prompts: Any) -> str:
+    def perf(self, scenario: Any, level: int, prompts: Any, parity_prompts: Any = None) -> str:
         return "perf"
 
     def smoke(self) -> str:
@@ -145,7 +145,9 @@ class _Everything:
     def probe_logits(self, prompts: Any, *, prompt_set: str, positions: Any) -> str:
         return "probe_logits"
 
-    def probe_layers(self, prompts: Any, *, prompt_set: str, positions: Any) -> str:
+    def probe_layers(
+        self, prompts: Any, *, prompt_set: str, positions: Any, sublayers: bool = False, twin: Any = None
+    ) -> str:
         return "probe_layers"
 
 

@@ -22,22 +22,33 @@ from test_compare import DIVERGED, SAME, _table, write_model_dir, write_run
 from test_perf import _request
 from test_probes import layers_frame, logits_frame
 
+from actors import capture
 from fleet import cli
 from fleet.analysis import gates, probes
 from fleet.contracts import schema
 from fleet.contracts.gates import Gate
+from fleet.contracts.spec import DrillPoint
 from fleet.report import columns, compare, html, markdown, summary, text
 from fleet.report.blocks import NOT_MEASURED
 from fleet.report.layouts import seed_sections
 from fleet.report.model import RunReport
 from fleet.report.sections import sections
+from fleet.results import reader
 from fleet.results.store import RunStore
+from fleet.run.drill import drilldown_rows
+from fleet.run.plan import DrillCall
 
 VARIANTS = {
     "v.eager-true": {"base": "v", "settings": {"enforce_eager": True}},
     "v.eager-false": {"base": "v", "settings": {"enforce_eager": False}},
 }
 EXPECTED = {"p2": json.dumps({"contains": "t8"})}  # the reference and SAME answer t8, DIVERGED t3
+PERF_SCENARIOS = [
+    {"name": "decode", "concurrency": [1, 4], "input_tokens": 8, "output_tokens": 4, "num_requests": 4,
+     "warmup_requests": 0},
+    {"name": "capacity", "concurrency": [4], "input_tokens": 8, "output_tokens": 4, "num_requests": 4,
+     "warmup_requests": 0, "slo": {"e2e_s": 0.5}, "sweep": {"floor_rps": 1.0, "min_share": 0.9, "steps": 1}},
+]  # fmt: skip
 GATES = [
     {"metric": "seq_match_rate", "op": ">=", "threshold": 1.0},  # DIVERGED fails it
     {"metric": "first_top1_agreement", "op": ">=", "threshold": 1.0},
@@ -52,7 +63,7 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
     candidates["cand.repeat-2"] = candidates["cand"]  # `repeat: 2`: the candidate run again
     run = write_run(run_dir, candidates, expected=EXPECTED, **kwargs)
     store = RunStore(run)
-    extra = {"variants": VARIANTS, "repeats": {"cand.repeat-2": "cand"}}
+    extra = {"variants": VARIANTS, "repeats": {"cand.repeat-2": "cand"}, "perf": PERF_SCENARIOS}
     store.update_info(manifest_resolved=store.info()["manifest_resolved"] | extra)
     weights = {"model": "m", "model_weights": "0123456789abcdef"}
     for level, wall_s in ((1, 2.0), (4, 1.0)):
@@ -63,11 +74,32 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
         level_row = key | {"wall_s": wall_s, "n_requests": 4, "n_errors": 0, "hostname": "node-1"}
         level_row |= {"prefix_cache_queries": 400, "prefix_cache_hits": 100 * (level // 2 + 1)}  # 0.25, 0.75
         store.write("perf_levels", shard, _table(schema.PERF_LEVELS, [level_row]))
+    # A sweep at level 4: the closed loop (E2E 0.8 s) and 2.5 req/s (0.6 s) miss the 0.5 s SLO, 1 req/s meets it.
+    for probe, rate, e2e in ((0, None, 0.8), (1, 1.0, 0.2), (2, 2.5, 0.6)):
+        key = weights | {"target": "cand", "scenario": "capacity", "level": 4, "probe": probe}
+        perf = [_request(i, 0.1, [0.02] * 3, e2e) | key for i in range(4)]
+        store.write("perf_requests", f"m/cand/capacity/00004-{probe}", _table(schema.PERF_REQUESTS, perf))
+        level_row = key | {"request_rate": rate, "wall_s": 2.0, "n_requests": 4, "n_errors": 0, "hostname": "node-1"}
+        store.write("perf_levels", f"m/cand/capacity/00004-{probe}", _table(schema.PERF_LEVELS, [level_row]))
     smoke = [
         {"check": "completions", "passed": True, "status": 200, "latency_s": 0.05},
         {"check": "chat/completions", "passed": False, "status": 500, "latency_s": 0.07, "error": "HTTP 500: a | b"},
     ]
     store.write("smoke", "m/cand/smoke/00000", _table(schema.SMOKE, [weights | {"target": "cand"} | r for r in smoke]))
+    # Parity under load at both levels: the candidate's own parity rows, as if sent alone and mid-load.
+    stored = {
+        name: reader.load(run)[name].filter(pl.col("target") == "cand").collect() for name in ("requests", "tokens")
+    }
+    for level in (1, 4):
+        at = [
+            pl.lit("decode").alias("scenario"),
+            pl.lit(level, pl.Int32).alias("level"),
+            pl.lit(level).alias("in_flight_sent"),
+        ]
+        for name, frame in stored.items():
+            both = pl.concat([frame.with_columns(*at, phase=pl.lit(phase)) for phase in schema.LOAD_PHASES])
+            declared = schema.all_tables()[f"load_{name}"]
+            store.write(f"load_{name}", f"m/cand/decode/{level:05d}", schema.conform(both.to_arrow(), declared))
     rng = np.random.default_rng(0)
     ref = probes.log_normalize(rng.normal(size=(2, 16))).astype(np.float32)
     noisy = (ref + noise * rng.normal(size=ref.shape)).astype(np.float32)
@@ -80,7 +112,24 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
         for target in ("ref", "cand"):
             rows = frame.filter(pl.col("target") == target).with_columns(model_weights=pl.lit(weights["model_weights"]))
             store.write(name, f"m/{target}/s/00000", rows.to_arrow())
+    write_drilldown(store, weights, rng)
     return run
+
+
+def write_drilldown(store: RunStore, weights: dict[str, str], rng: np.random.Generator) -> None:
+    """The drill-down at cand's divergence on p2 (token 1), as fleet/run/drill.py stores it: the
+    reference, its float32 twin (1e-7 off) and cand, broken from layer 2's attention output on."""
+    labels = [(0, "embed"), (1, "attention"), (1, "mlp"), (1, "decoder")]
+    labels += [(2, "attention"), (2, "mlp"), (2, "decoder"), (3, "norm")]
+    ref = [rng.normal(size=(1, 8)) for _ in labels]
+    twin = [h + 1e-7 * rng.normal(size=h.shape) for h in ref]
+    cand = [h + (0.3 if i >= 4 else 0.0) * rng.normal(size=h.shape) for i, h in enumerate(ref)]
+    point = DrillPoint("cand", "s", "p2", 1, (1, 2, 5))
+    for target, dtype, hidden in (("ref", None, ref), ("ref", "float32", twin), ("cand", None, cand)):
+        rows = capture.LayerRows("0", [1, 2, 5], [2], labels, hidden)
+        layers = capture.layers_table(weights | {"target": target, "prompt_set": "drilldown"}, [rows])
+        call = DrillCall("m", target, dtype, (point,))
+        store.write("drilldown", call.key, drilldown_rows(layers, call))
 
 
 @pytest.fixture
@@ -115,14 +164,17 @@ def test_every_section_in_every_format(full: RunReport) -> None:
         "accuracy": ["-100"],
         "throughput": ["0.0199"],
         "scenarios": ["decode", "1000", "416"],  # prefill tok/s at 1, total tok/s at 4
+        "sweeps": ["capacity", "2.5", "cand / capacity @ 4: 1 req/s"],
         "smoke": ["chat/completions", "HTTP 500: a | b"],
         "workloads": ["0.25", "0.75", "prefix-cache hits: tokens found cached / looked up"],
         "logits": [logits_cos],
         "layers": ["decoder", "0.02"],
+        "drilldown": ["prompt p2 diverges at token 1; the error first exceeds precision at layer 2 (attention output)"],
         "matrix": ["enforce_eager=False", "enforce_eager: true vs false", "s/p2"],
         # eager vs graph part on one prompt beyond the noise (s/p2): the setting is above the noise.
         "setting_effects": ["v.eager-false", "1 of 2 greedy paths change beyond the noise", "above noise"],
         "noise_floor": ["cand.repeat-2", "bit-identical to its rerun"],
+        "load_parity": ["decode", "the batch changed the answer"],
         "environment": ["Test CPU", "0123456789abcdef"],
         "architecture": ["LlamaForCausalLM", "10000.0", "40"],
         "gates": ["FAIL: 3 of 8 gate checks fail.", "0.5 >= 1 is false"],
@@ -210,7 +262,7 @@ def test_absent_sections_say_so(tmp_path: Path) -> None:
     assert "Perf: the parity runs" in text.render(report)
     for fmt, (document, ends) in rendered(report).items():
         by_title = {s.key: s.title for s in sections(report).values()}
-        for key in ("accuracy", "scenarios", "smoke", "logits", "layers", "matrix", "noise_floor"):
+        for key in ("accuracy", "scenarios", "sweeps", "smoke", "logits", "layers", "matrix", "noise_floor"):
             assert NOT_MEASURED in chunk(document, by_title[key], ends=ends), (fmt, key)
         assert "No gates configured: no verdict." in chunk(document, by_title["gates"], ends=ends), fmt
         assert "m: config.json not readable from here." in document
@@ -229,8 +281,10 @@ def test_one_colour_per_target_in_every_plot(full: RunReport) -> None:
         colours
     )
     assert len({full.colors[t] for t in ("ref", "cand", "v.eager-true", "v.eager-false")}) == 4
-    # cand is in every plot: scatter, drift, divergence, 2 latency CDFs, the concurrency sweep, 2 layer curves.
-    assert sum(label == "cand" for _, label in legend) == 8
+    # cand is in every plot: scatter, drift, divergence, 2 latency CDFs, 2 concurrency sweeps (decode and
+    # capacity's closed loop), the rate sweep, parity vs load (TF p99 and real divergences), 2 layer
+    # curves, the drill-down's curve.
+    assert sum(label == "cand" for _, label in legend) == 13
 
 
 def test_cli_report_writes_every_format_and_exits_on_gates(
@@ -288,7 +342,7 @@ def test_perf_gates_name_their_scenario_and_level(tmp_path: Path) -> None:
     run = write_full_run(tmp_path / "run")
     measured = RunReport.build(run, gates=[]).scenarios
     assert measured is not None
-    at4 = measured.filter((pl.col("target") == "cand") & (pl.col("level") == 4))["output_tok_s"].item()
+    at4 = measured.filter(target="cand", scenario="decode", level=4)["output_tok_s"].item()
     spec = {"metric": "perf_output_tok_s", "op": ">=", "scenario": "decode", "level": 4, "targets": ["cand"]}
     passing = Gate.model_validate(spec | {"threshold": 0.97, "baseline": {"cand": at4}})
     failing = Gate.model_validate(spec | {"threshold": 0.97, "baseline": {"cand": at4 * 1.1}})

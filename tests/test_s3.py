@@ -158,6 +158,9 @@ def test_run_report_and_resume_from_s3(
     t = {name: frame.collect() for name, frame in reader.load(uri).items()}
     assert (t["requests"].height, t["tokens"].height, t["shards"].height) == (2 * 4, 2 * 4 * 8, 4)
     assert RunStore(uri).completed_shards() == SHARDS
+    # On an object store the actors write their own rows (run.write auto): committed, none left staged.
+    assert json.loads(objects(uri)["bucket/prefix/r1/run.json"])["write"] == "actors"
+    assert not [key for key in objects(uri) if "/.staging/" in key]
     assert query.query(uri, "SELECT COUNT(*) AS n FROM tokens WHERE ref_logprob IS NOT NULL")["n"].item() == 4 * 8
     same = compare.compare(uri, uri)  # a run against itself (Polars' parallel sums differ in the last bits)
     assert same.height > 0 and same.filter(pl.col("delta").abs() > 1e-9).is_empty()

@@ -25,7 +25,9 @@ import pytest
 
 from actors.test_double import TestDoubleEngine
 from fleet.contracts import schema
-from fleet.contracts.engine import PerfResult, ResolvedModel
+from fleet.contracts.engine import LoadRows, PerfResult, ResolvedModel
+from fleet.contracts.schema import LOAD_PHASES, LOAD_REQUESTS, LOAD_TOKENS
+from fleet.contracts.spec import Shard
 from fleet.contracts.targets import TestDoubleArgs
 from fleet.results import reader
 from fleet.run import driver
@@ -160,9 +162,20 @@ class Actor:
         self.cluster.twins.append(twin)  # the driver asks for the candidate's dtype
         return self.engine.score(requests, k=k, twin=twin)
 
-    def do_perf(self, scenario: Any, level: int, prompts: Any) -> PerfResult:
+    def do_perf(self, scenario: Any, level: int, prompts: Any, parity_prompts: Any = None) -> PerfResult:
         at = {**self.keys, "scenario": scenario.name, "level": level}
-        return PerfResult(_row("perf_requests", **at), _row("perf_levels", **at))
+        parity = None
+        if scenario.parity is not None:  # the test double's outputs, as if sent alone and mid-load
+            shard = Shard(self.model.name, self.target.name, scenario.parity.prompt_set, level, tuple(parity_prompts))
+            gen = self.engine.generate(shard)
+            keyed = [pl.lit(scenario.name).alias("scenario"), pl.lit(level, pl.Int32).alias("level")]
+            both = [
+                pl.concat([frame.with_columns(phase=pl.lit(p)) for p in LOAD_PHASES])
+                for frame in map(pl.from_arrow, (gen.requests, gen.tokens))
+            ]  # type: ignore[arg-type]
+            req, tok = (frame.with_columns(keyed).to_arrow() for frame in both)
+            parity = LoadRows(schema.conform(req, LOAD_REQUESTS), schema.conform(tok, LOAD_TOKENS))
+        return PerfResult(_row("perf_requests", **at), _row("perf_levels", **at), parity)
 
     def do_probe_logits(self, prompts: Any, *, prompt_set: str, positions: str) -> pa.Table:
         return _row("logits", **self.keys, prompt_set=prompt_set)
@@ -177,6 +190,8 @@ class Actor:
 def _detail(method: str, args: tuple[Any, ...]) -> str:
     if method == "generate":
         return str(args[0].shard_id)
+    if method == "score" and "shard_id" not in args[0].column_names:  # a perf level's parity rows
+        return f"{args[0].column('scenario')[0].as_py()}/{args[0].column('level')[0].as_py()}"
     if method == "score":
         return str(args[0].column("shard_id")[0].as_py())
     if method == "perf":
@@ -417,9 +432,9 @@ def test_only_cpu_perf_levels_take_the_host_to_themselves() -> None:
     # A card's perf level times the card, which no other target shares: it runs beside the rest.
     from fleet.contracts.spec import Scenario
     from fleet.contracts.targets import VllmArgs
+    from fleet.run.perf_work import Perf
     from fleet.run.plan import PerfLevel
     from fleet.run.slots import ActorSlot
-    from fleet.run.work import Perf
 
     level = Perf(
         level=PerfLevel(

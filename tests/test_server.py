@@ -94,7 +94,7 @@ reference: hf-fp32
 sampling: {{max_tokens: 12, logprobs: 5}}
 perf:
   - {{name: s, concurrency: [2], input_tokens: 16, output_tokens: 8, num_requests: 4, warmup_requests: 1,
-     targets: [served]}}
+     targets: [served, endpoint], parity: {{prompt_set: four}}}}
 """
 
 
@@ -308,6 +308,25 @@ def test_vllm_server_target_through_the_scheduler(served_run: tuple[Path, Path, 
     assert smoke["passed"].all()
     [row] = analysis.parity(t["requests"], t["tokens"], "hf-fp32").filter(pl.col("target") == "served").to_dicts()
     assert row["tf_top1_agreement"] == 1.0 and row["tf_max_abs_logprob_diff"] < 1e-4
-    assert t["perf_requests"].height == 4 and (t["perf_requests"]["n_output_tokens"] == 8).all()
-    assert (t["perf_requests"]["target"] == "served").all()
+    perf = t["perf_requests"]
+    assert perf.height == 2 * 4 and (perf["n_output_tokens"] == 8).all()
+    assert sorted(set(perf["target"])) == ["endpoint", "served"]
     assert servers_left == []
+
+
+def test_parity_under_load_over_http(served_run: tuple[Path, Path, list[int]]) -> None:
+    """Both HTTP target kinds send a scenario's parity prompts alone and mid-load (the run in
+    `served_run`); the reference scores them, and float32 stays on the reference's path."""
+    from fleet.report.model import RunReport
+    from fleet.results import reader
+
+    _, run_dir, _ = served_run
+    t = {name: frame.collect() for name, frame in reader.load(run_dir).items()}
+    req, tok = t["load_requests"], t["load_tokens"]
+    counts = req.group_by("target", "phase").len().sort("target", "phase").rows()
+    assert counts == [("endpoint", "load", 4), ("endpoint", "solo", 4), ("served", "load", 4), ("served", "solo", 4)]
+    assert (req.filter(pl.col("phase") == "load")["in_flight_sent"] >= 1).all()
+    assert tok["ref_logprob"].null_count() == 0 and tok.height == req["n_output_tokens"].sum()
+    levels = RunReport.build(run_dir, gates=[]).load_parity
+    assert levels is not None and levels["target"].to_list() == ["endpoint", "served"]
+    assert (levels["real_divergences"] == 0).all() and (levels["tf_p99_abs_logprob_diff"] < 1e-4).all()

@@ -94,3 +94,29 @@ def test_the_report_names_targets_that_loaded_other_weights() -> None:
     assert lines[1:] == ["m/mutant: weights bbbb, not the reference's aaaa"]
     only_ref = {"reference": "ref", "provenance": {"m/ref": {"weights_sha256": "aaaa"}}}
     assert weights_lines(RunInfo.of(only_ref), "ref") == []
+
+
+def test_a_tensor_pattern_breaks_only_the_tensors_it_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tensors`: one part of one layer broken on purpose (what the drill-down must then name)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from actors.sources import weights_digest
+    from actors.weight_noise import noisy_copy
+    from fleet.contracts.targets import HFArgs, WeightNoise
+
+    monkeypatch.setenv("FLEET_CACHE", str(tmp_path / "cache"))
+    src = _checkpoint(tmp_path / "model")
+    digest = weights_digest(src)
+    only = noisy_copy(src, digest, WeightNoise(seed=3, relative=0.01, tensors="embed.*"))
+    before, after = load_file(str(src / "model.safetensors")), load_file(str(only / "model.safetensors"))
+    assert not torch.equal(before["embed.weight"], after["embed.weight"])
+    assert all(torch.equal(before[n], after[n]) for n in ("norm.weight", "half.weight", "position_ids"))
+    # Another pattern is another copy, not the first one from the cache.
+    assert weights_digest(noisy_copy(src, digest, WeightNoise(seed=3, relative=0.01, tensors="norm.*"))) not in {
+        digest,
+        weights_digest(only),
+    }
+    with pytest.raises(UserError, match=r"'model\.layers\.9\.\*' matches no floating-point tensor"):
+        noisy_copy(src, digest, WeightNoise(seed=3, relative=0.01, tensors="model.layers.9.*"))
+    assert HFArgs(name="h", weight_noise={"seed": 0, "relative": 0.1, "tensors": "a.*"}).weight_noise is not None

@@ -19,6 +19,14 @@ Definitions (failed requests, those with an `error`, count in n_errors and nowhe
   TTFT from scheduled, so it excludes engine queueing; see engine_queue_mean_s), for comparison
   with the client-side ones.
 
+* send_lag_p99_s: p99 over requests of send_lag_s = sent - when the request could go (its due time,
+  and a free slot): the client behind its own schedule, whatever the target does; client_cpu_share:
+  CPU seconds of the client's event-loop thread / wall_s (the busiest client's, when several), where
+  1.0 is one whole core, all an asyncio loop can use. client_bound flags a run where the client may
+  have set the pace: send_lag_p99_s > 25 ms or client_cpu_share > 0.9 (CLIENT_LAG_S, CLIENT_CPU_SHARE);
+* probe: a sweep (actors/sweep.py) runs a level several times, one summary row per run; `sweep_curve`
+  lays them out as rate -> goodput and finds the highest rate meeting the SLO.
+
 * goodput, when the scenario sets an `slo`: a request is good when it completed and its ttft_s,
   tpot_s and e2e_s are each at most the limits set (a one-token output's tpot counts as 0);
   goodput_qps = good requests / wall_s, goodput_tok_s = their output tokens / wall_s, slo_share =
@@ -42,7 +50,10 @@ from fleet.analysis.missing import no_nan
 Frame = pl.DataFrame | pl.LazyFrame
 
 KEYS = ["model", "model_weights", "target", "scenario", "level"]
+RUN = [*KEYS, "probe"]  # one run of a level: a sweep runs a level several times (actors/sweep.py)
 QUANTILES = (50, 90, 99)
+# A run whose client may have set the pace rather than the target (see the module docstring).
+CLIENT_LAG_S, CLIENT_CPU_SHARE = 0.025, 0.9
 
 
 def _stats(column: str, name: str) -> list[pl.Expr]:
@@ -55,12 +66,12 @@ def _stats(column: str, name: str) -> list[pl.Expr]:
 def summary(
     requests: Frame, levels: Frame, slos: Mapping[str, Mapping[str, float | None]] | None = None
 ) -> pl.DataFrame:
-    """One row per (model, target, scenario, level): rates, latency statistics, queueing delay;
+    """One row per (model, target, scenario, level, probe): rates, latency statistics, queueing delay;
     goodput for the scenarios `slos` names (scenario -> {ttft_s, tpot_s, e2e_s} limits)."""
     done = pl.col("error").is_null()
-    reqs = requests.lazy().with_columns(_good=_good(slos or {}))
+    reqs = _runs(requests).with_columns(_good=_good(slos or {}))
     completed = reqs.filter(done)
-    counts = reqs.group_by(KEYS).agg(
+    counts = reqs.group_by(RUN).agg(
         n_requests=pl.len(),
         n_errors=(~done).sum().cast(pl.Int64),
         # Null, not 0, where the scenario sets no SLO: no goodput was asked for.
@@ -71,8 +82,9 @@ def summary(
         slo_share=pl.col("_good").mean(),
         queue_delay_mean_s=no_nan(pl.col("queue_delay_s"), pl.col("queue_delay_s").mean()),
         queue_delay_max_s=no_nan(pl.col("queue_delay_s"), pl.col("queue_delay_s").max()),
+        send_lag_p99_s=no_nan(pl.col("send_lag_s"), pl.col("send_lag_s").quantile(0.99, interpolation="linear")),
     )
-    latency = completed.group_by(KEYS).agg(
+    latency = completed.group_by(RUN).agg(
         *_stats("ttft_s", "ttft"),
         *_stats("tpot_s", "tpot"),
         *_stats("e2e_s", "e2e"),
@@ -84,13 +96,13 @@ def summary(
         engine_ttft_mean_s=no_nan(pl.col("engine_ttft_s"), pl.col("engine_ttft_s").mean()),
         engine_tpot_mean_s=no_nan(pl.col("engine_tpot_s"), pl.col("engine_tpot_s").mean()),
     )
-    itl = completed.select(*KEYS, "itl_s").explode("itl_s").group_by(KEYS).agg(*_stats("itl_s", "itl"))
-    wall = levels.lazy().select(*KEYS, "request_rate", "wall_s")
+    itl = completed.select(*RUN, "itl_s").explode("itl_s").group_by(RUN).agg(*_stats("itl_s", "itl"))
+    wall = _runs(levels).select(*RUN, "request_rate", "wall_s", "client_cpu_s")
     per_s = pl.when(pl.col("wall_s") > 0)
     out = (
-        wall.join(counts, on=KEYS, how="left")
-        .join(latency, on=KEYS, how="left")
-        .join(itl, on=KEYS, how="left")
+        wall.join(counts, on=RUN, how="left")
+        .join(latency, on=RUN, how="left")
+        .join(itl, on=RUN, how="left")
         .with_columns(pl.col("n_completed").fill_null(0))
         .with_columns(
             qps=per_s.then(pl.col("n_completed") / pl.col("wall_s")),
@@ -99,6 +111,10 @@ def summary(
             prefill_tok_s=pl.when(pl.col("_ttft_sum") > 0).then(pl.col("prompt_tokens") / pl.col("_ttft_sum")),
             goodput_qps=per_s.then(pl.col("_n_good") / pl.col("wall_s")),
             goodput_tok_s=per_s.then(pl.col("_good_tokens") / pl.col("wall_s")),
+            client_cpu_share=per_s.then(pl.col("client_cpu_s") / pl.col("wall_s")),
+        )
+        .with_columns(
+            client_bound=(pl.col("send_lag_p99_s") > CLIENT_LAG_S) | (pl.col("client_cpu_share") > CLIENT_CPU_SHARE)
         )
     )
     stats = [f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", *(f"p{q}" for q in QUANTILES))]
@@ -107,8 +123,34 @@ def summary(
         "qps", "output_tok_s", "total_tok_s", "prefill_tok_s", "goodput_qps", "goodput_tok_s", "slo_share",
         *stats,
         "queue_delay_mean_s", "queue_delay_max_s", "engine_queue_mean_s", "engine_ttft_mean_s", "engine_tpot_mean_s",
+        "probe", "send_lag_p99_s", "client_cpu_share", "client_bound",
     ]  # fmt: skip
-    return out.select(columns).sort(KEYS).collect()
+    return out.select(columns).sort(RUN).collect()
+
+
+def sweep_curve(scenarios: pl.DataFrame, min_share: Mapping[str, float]) -> pl.DataFrame:
+    """The probes of each swept level (`summary` rows of the scenarios `min_share` names: scenario ->
+    the share a rate must meet), in rate order: offered request_rate (null: the closed loop, at its
+    qps), qps, goodput_qps, slo_share, meets (slo_share >= min_share) and best_rps, the level's
+    highest passing rate (the closed loop counts at its qps; null when none passes)."""
+    share = pl.col("scenario").replace_strict(min_share, default=None, return_dtype=pl.Float64)
+    rate = pl.col("request_rate").fill_null(pl.col("qps"))
+    curve = scenarios.filter(pl.col("scenario").is_in(list(min_share))).with_columns(
+        offered_rps=rate, meets=(pl.col("slo_share") >= share).fill_null(False)
+    )
+    best = pl.when(pl.col("meets")).then(pl.col("offered_rps")).max().over(KEYS).alias("best_rps")
+    columns = [*RUN, "request_rate", "offered_rps", "qps", "goodput_qps", "slo_share", "meets"]
+    return curve.select(*columns, best).sort([*KEYS, "offered_rps"])
+
+
+def _runs(frame: Frame) -> pl.LazyFrame:
+    """`frame` with its run within the level: `probe`, 0 where null or absent (tables written before
+    sweeps, and every level that is not one), and the client columns those tables lack, as nulls."""
+    lazy = frame.lazy()
+    names = lazy.collect_schema().names()
+    absent = {"probe": pl.Int32, "send_lag_s": pl.Float64, "client_cpu_s": pl.Float64}
+    lazy = lazy.with_columns(pl.lit(None, dtype).alias(c) for c, dtype in absent.items() if c not in names)
+    return lazy.with_columns(pl.col("probe").fill_null(0).cast(pl.Int32))
 
 
 def _good(slos: Mapping[str, Mapping[str, float | None]]) -> pl.Expr:

@@ -11,9 +11,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     import pyarrow as pa
 
     from fleet.contracts.prompts import Prompt
@@ -21,6 +23,15 @@ if TYPE_CHECKING:
     from fleet.contracts.targets import Capability, TargetArgs
 
 Positions = Literal["last", "all"]
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A token sequence to probe as it is, not rendered from a prompt: the drill-down's prompt plus
+    the output the candidate and the reference share up to their divergence (fleet/run/drill.py)."""
+
+    id: str
+    token_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,18 @@ class ResolvedModel:
     @property
     def name(self) -> str:
         return self.spec.name
+
+
+class RowSink(Protocol):
+    """Where an actor stores a shard's rows itself, when the engines write their own (the driver hands
+    it over as a call's argument; fleet/results/direct.py implements it). What it returns is all the
+    driver gets back: where the files wait, and the shard's one `shards` row."""
+
+    def generated(self, gen: Generation) -> Any:
+        """Store a shard as its target generated it."""
+
+    def scored(self, shard_id: str, weights: str, score: Callable[[pa.Table], pa.Table]) -> Any:
+        """Score a stored candidate shard (`score`: requests -> SCORES rows) and store it scored."""
 
 
 class Engine(ABC):
@@ -119,18 +142,36 @@ class Chunk:
 
 
 @dataclass(frozen=True)
+class LoadRows:
+    """A level's parity prompts (a scenario's `parity:`), alone and under load: schema.LOAD_REQUESTS
+    and LOAD_TOKENS rows, the reference's columns null until it scores them."""
+
+    requests: pa.Table
+    tokens: pa.Table
+
+
+@dataclass(frozen=True)
 class PerfResult:
-    """One level of one scenario: schema.PERF_REQUESTS rows and its PERF_LEVELS row."""
+    """One level of one scenario: schema.PERF_REQUESTS rows and its PERF_LEVELS row; with the
+    scenario's `parity:`, its parity prompts' rows."""
 
     requests: pa.Table
     level: pa.Table
+    parity: LoadRows | None = None
 
 
 @runtime_checkable
 class RunsPerf(Protocol):
-    """Capability "perf": one concurrency level of a perf scenario, measured on the card."""
+    """Capability "perf": one concurrency level of a perf scenario, measured on the card; with the
+    scenario's `parity:`, its `parity_prompts` alone and mid-load too (PerfResult.parity)."""
 
-    def perf(self, scenario: Scenario, level: int, prompts: list[Prompt] | None) -> PerfResult: ...
+    def perf(
+        self,
+        scenario: Scenario,
+        level: int,
+        prompts: list[Prompt] | None,
+        parity_prompts: list[Prompt] | None = None,
+    ) -> PerfResult: ...
 
 
 @runtime_checkable
@@ -149,9 +190,19 @@ class ProbesLogits(Protocol):
 
 @runtime_checkable
 class ProbesLayers(Protocol):
-    """Capability "probe_layers": hidden states after every layer, as schema.PROBE_LAYERS rows."""
+    """Capability "probe_layers": hidden states after every layer, as schema.PROBE_LAYERS rows;
+    `sublayers` adds each decoder layer's attention and MLP outputs, `twin` (a dtype) probes the
+    precision twin at that dtype instead of the engine's own model."""
 
-    def probe_layers(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions) -> pa.Table: ...
+    def probe_layers(
+        self,
+        prompts: Sequence[Prompt | Prefix],
+        *,
+        prompt_set: str,
+        positions: Positions,
+        sublayers: bool = False,
+        twin: str | None = None,
+    ) -> pa.Table: ...
 
 
 CAPABILITY_PROTOCOLS: dict[Capability, type] = {

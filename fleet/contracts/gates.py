@@ -22,6 +22,7 @@ _PREFIX = ("tokens", True, "")  # r and MAE pair candidate and reference rows by
 _TF = ("tokens", False, "")  # the ref_* columns sit on the candidate's own rows
 _SHARDS = ("shards", False, "")
 _LATENCY = ("requests", False, "")
+_LOAD = ("load_tokens", False, "")
 METRICS: dict[str, tuple[str, bool, str]] = {
     "n_prompts": _SEQ,
     "first_top1_agreement": _FIRST,
@@ -81,6 +82,9 @@ PERF_COLUMNS = (
     *(f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", "p50", "p90", "p99")),
 )  # fmt: skip
 METRICS |= {f"perf_{c}": ("perf_requests", False, "") for c in PERF_COLUMNS}
+# Parity under load (fleet/analysis/load_parity.py): the most real divergences at any level of any
+# scenario with `parity:`, from the reference and from the same prompts alone; gate both `<= 0`.
+METRICS |= {"load_real_divergences": _LOAD, "load_batch_real_divergences": _LOAD}
 
 
 class Gate(Strict):

@@ -149,8 +149,14 @@ TABLES: dict[str, pa.Schema] = {
 
 
 def all_tables() -> dict[str, pa.Schema]:
-    """Every table a run directory may hold: parity (TABLES), perf, and probe tables."""
-    return TABLES | PERF_TABLES | globals().get("PROBE_TABLES", {})
+    """Every table a run directory may hold: parity (TABLES), perf, parity under load, probe and drill-down tables."""
+    return (
+        TABLES
+        | PERF_TABLES
+        | globals().get("LOAD_TABLES", {})
+        | globals().get("PROBE_TABLES", {})
+        | globals().get("DRILLDOWN_TABLES", {})
+    )
 
 
 # The pages `make docs` keeps in sync with the code: the tables' columns (between <!-- schema:NAME -->
@@ -244,6 +250,13 @@ _PERF_KEYS = [
     pa.field("level", pa.int32(), nullable=False, metadata={"doc": "concurrency: requests in flight at most"}),
 ]
 
+# A sweep (Scenario.sweep) runs a level several times; the rows of each run carry its probe number.
+_PROBE = pa.field(
+    "probe",
+    pa.int32(),
+    metadata={"doc": "run within the level: 0 (or null) its only run or a sweep's closed loop, 1.. a sweep's probes"},
+)
+
 PERF_REQUESTS = _schema(
     "perf_requests",
     [
@@ -273,8 +286,12 @@ PERF_REQUESTS = _schema(
             pa.int32(),
             metadata={"doc": "output tokens asked for (ignore_eos); null: free output, max_tokens a cap"},
         ),
+        _PROBE,
+        pa.field("send_lag_s", pa.float64(), metadata={"doc": "sent - when it could go (due, and a slot free): "
+            "the client behind its own schedule"}),
+        pa.field("client", pa.int32(), metadata={"doc": "client process that sent it (0.. of the scenario's clients)"}),
     ],
-)
+)  # fmt: skip
 
 PERF_LEVELS = _schema(
     "perf_levels",
@@ -292,8 +309,12 @@ PERF_LEVELS = _schema(
             metadata={"doc": "prompt tokens the engine looked up in its prefix cache; null: it reports none"},
         ),
         pa.field("prefix_cache_hits", pa.int64(), metadata={"doc": "of which found cached (measured requests only)"}),
+        _PROBE,
+        pa.field("clients", pa.int32(), metadata={"doc": "client processes that sent the load (null: 1)"}),
+        pa.field("client_cpu_s", pa.float64(), metadata={"doc": "CPU seconds of the client's event-loop thread "
+            "over the level (the busiest client's)"}),
     ],
-)
+)  # fmt: skip
 
 SMOKE = _schema(
     "smoke",
@@ -352,8 +373,14 @@ PERF_SUMMARY = _schema(
             "engine_ttft_mean_s", pa.float64(), metadata={"doc": "engine: mean scheduled to first token, seconds"}
         ),
         pa.field("engine_tpot_mean_s", pa.float64(), metadata={"doc": "engine: mean TPOT, seconds"}),
+        pa.field("probe", pa.int32(), metadata={"doc": "run within the level: 0 its only run or a sweep's closed "
+            "loop, 1.. a sweep's rate probes"}),
+        pa.field("send_lag_p99_s", pa.float64(), metadata={"doc": "p99 of sent - when it could go, seconds"}),
+        pa.field("client_cpu_share", pa.float64(), metadata={"doc": "client event-loop CPU s / wall_s (1: a core)"}),
+        pa.field("client_bound", pa.bool_(), metadata={"doc": "the client, not the target, may have set the "
+            "pace: send_lag_p99_s > 0.025 or client_cpu_share > 0.9"}),
     ],
-)
+)  # fmt: skip
 
 # Requested against actual token counts and the prefix-cache hit rate per level
 # (fleet/analysis/workload.py), computed when read like the perf summary.
@@ -383,6 +410,49 @@ PERF_TABLES: dict[str, pa.Schema] = {
     "perf_levels": PERF_LEVELS,
     "smoke": SMOKE,
 }
+
+
+# Parity under load (a perf scenario's `parity:`, fleet/contracts/spec.py): the parity prompts'
+# requests and token rows at each level, sent alone before the load ("solo") and mid-load ("load"),
+# keyed like the perf tables by scenario and level; their other columns are REQUESTS' and TOKENS'
+# (the reference's teacher-forced columns included), so the parity analysis reads them as it reads
+# a candidate's shards (fleet/analysis/load_parity.py).
+LOAD_PHASES = ("solo", "load")  # each prompt alone on the engine before the load; all of them mid-load
+
+_LOAD_KEYS = [REQUESTS.field(c) for c in ("run_id", "model", "model_weights", "target", "prompt_set")] + [
+    pa.field("scenario", pa.string(), nullable=False, metadata={"doc": "perf scenario name"}),
+    pa.field("level", pa.int32(), nullable=False, metadata={"doc": "concurrency: requests in flight at most"}),
+    pa.field(
+        "phase",
+        pa.string(),
+        nullable=False,
+        metadata={"doc": "'solo': sent alone before the load (concurrency 1); 'load': sent mid-load"},
+    ),
+    pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+]
+_LOAD_SKIP = {f.name for f in _LOAD_KEYS} | {"shard_id"}
+
+LOAD_REQUESTS = _schema(
+    "load_requests",
+    [
+        *_LOAD_KEYS,
+        pa.field(
+            "in_flight_sent",
+            pa.int32(),
+            metadata={"doc": "the scenario's own requests in flight when this one was sent (solo: 0)"},
+        ),
+        pa.field(
+            "in_flight_done",
+            pa.int32(),
+            metadata={"doc": "the scenario's own requests in flight when this one completed (solo: 0)"},
+        ),
+        *(f for f in REQUESTS if f.name not in _LOAD_SKIP),
+    ],
+)
+
+LOAD_TOKENS = _schema("load_tokens", [*_LOAD_KEYS, *(f for f in TOKENS if f.name not in _LOAD_SKIP)])
+
+LOAD_TABLES: dict[str, pa.Schema] = {"load_requests": LOAD_REQUESTS, "load_tokens": LOAD_TOKENS}
 
 
 # Probe tables (issue 6), opt-in per manifest: full-vocabulary logprobs (the Qwen2.5 report's
@@ -425,7 +495,13 @@ PROBE_LAYERS = _schema(
             nullable=False,
             metadata={"doc": "0 = embeddings, i = output of decoder layer i (1-based), L + 1 = after the final norm"},
         ),
-        pa.field("kind", pa.string(), metadata={"doc": "'embed', 'decoder' or 'norm'"}),
+        pa.field(
+            "kind",
+            pa.string(),
+            metadata={
+                "doc": "'embed', 'decoder' or 'norm'; drill-down: also 'attention' and 'mlp', layer i's sub-layers"
+            },
+        ),
         pa.field("n_positions", pa.int32(), metadata={"doc": "prompt positions stored (rows of `hidden`)"}),
         pa.field("hidden_size", pa.int32(), metadata={"doc": "model width (columns of `hidden`)"}),
         pa.field("positions", pa.list_(pa.int32()), metadata={"doc": "which prompt positions, in row order"}),
@@ -439,6 +515,36 @@ PROBE_LAYERS = _schema(
 )
 
 PROBE_TABLES: dict[str, pa.Schema] = {"logits": PROBE_LOGITS, "layers": PROBE_LAYERS}
+
+# The drill-down (`drilldown: true`): the layer probe's rows at each real divergence's prefix, with
+# the divergence they reproduce; analysis in fleet/analysis/drilldown.py.
+DRILLDOWN = _schema(
+    "drilldown",
+    [
+        *_KEYS,
+        pa.field("prompt_id", pa.string(), nullable=False, metadata={"doc": "prompt id within its set"}),
+        pa.field(
+            "diverging", pa.string(), nullable=False, metadata={"doc": "the candidate whose divergence this reproduces"}
+        ),
+        pa.field(
+            "step",
+            pa.int32(),
+            nullable=False,
+            metadata={"doc": "its first divergent output position: the prefix is the prompt + `step` shared tokens"},
+        ),
+        pa.field(
+            "twin_dtype",
+            pa.string(),
+            metadata={"doc": "the precision twin's dtype when these are the twin's states (target: the reference)"},
+        ),
+        *(
+            f
+            for f in PROBE_LAYERS
+            if f.name not in {"run_id", "model", "model_weights", "target", "prompt_set", "prompt_id"}
+        ),
+    ],
+)
+DRILLDOWN_TABLES: dict[str, pa.Schema] = {"drilldown": DRILLDOWN}
 
 
 if __name__ == "__main__":

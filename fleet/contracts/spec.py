@@ -51,6 +51,13 @@ class RunOptions(Strict):
         1800, gt=0, le=MAX_TIMEOUT_S, description="Model download + engine start longer than this fails."
     )
     max_attempts: int = Field(3, ge=1, le=100, description="Tries per shard before it is recorded as failed.")
+    write: Literal["driver", "actors", "auto"] = Field(
+        "auto",
+        description="Who writes a shard's Parquet: the driver (every row passes through it), or the engine actors "
+        "into a shared results store, handing the driver only where the files wait, committed by it "
+        "(docs/cluster.md). auto: the actors when the results root is an object store (s3://), or the cluster has "
+        "more than one node and the results directory is on a network file system; else the driver.",
+    )
 
 
 def _default_allowance() -> dict[DType, float]:
@@ -97,6 +104,40 @@ class Probes(Strict):
     layers: Probe | None = Field(None, description="Hidden states after every layer (hf targets, hf reference).")
 
 
+class Drilldown(Strict):
+    """Layer probes at every real divergence (fleet/run/drill.py, fleet/analysis/drilldown.py): where,
+    in depth, a candidate's error first exceeds what its precision explains."""
+
+    margin: float = Field(
+        2.0,
+        ge=1,
+        le=1e6,
+        description="A layer (or sub-layer) exceeds precision when its relative L2 error vs the reference is "
+        "above margin x the precision twin's at that layer (and above 1e-6, float32's own floor).",
+    )
+    max_prompts: int = Field(
+        8, ge=1, le=1000, description="Real divergences probed per model x candidate, earliest in the output first."
+    )
+    targets: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="hf candidates probed beside the reference and its twin (default: all): each at its own "
+        "divergences, and at those of targets that give no hidden states (vLLM), as HF on the same card.",
+    )
+
+
+@dataclass(frozen=True)
+class DrillPoint:
+    """One real divergence to drill into: candidate `diverging` left the reference's greedy path on
+    this prompt at output position `step`; `token_ids` is the prompt + the `step` output tokens both share."""
+
+    diverging: str
+    prompt_set: str
+    prompt_id: str
+    step: int
+    token_ids: tuple[int, ...]
+
+
 # The seed adaptation reports whose shape `fleet report` can print (fleet/report/layouts/NAME.yaml lays each out).
 ReportLayout = Literal["001-llama-3.2-3b", "002-qwen2.5-0.5b", "003-qwen-7b", "004-openelm-3b"]
 REPORT_LAYOUTS: tuple[ReportLayout, ...] = ("001-llama-3.2-3b", "002-qwen2.5-0.5b", "003-qwen-7b", "004-openelm-3b")
@@ -141,11 +182,74 @@ class Slo(Strict):
     )
     e2e_s: float | None = Field(None, gt=0, le=86400, description="Send to last token, seconds, at most.")
 
+    def met(self, row: dict[str, Any]) -> bool:
+        """Whether one perf_requests row meets every limit: the rule fleet/analysis/perf.py applies to a
+        whole table (a sweep judges its probes with it as it runs, actors/sweep.py)."""
+        if row.get("error") is not None:
+            return False
+        values: dict[str, float | None] = {"ttft_s": row.get("ttft_s"), "tpot_s": row.get("tpot_s") or 0.0}
+        values["e2e_s"] = row.get("e2e_s")
+        limits = {"ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s}
+        return all(limit is None or ((v := values[k]) is not None and v <= limit) for k, limit in limits.items())
+
     @model_validator(mode="after")
     def _some_limit(self) -> Slo:
         if self.ttft_s is None and self.tpot_s is None and self.e2e_s is None:
             raise ValueError("set at least one of ttft_s, tpot_s and e2e_s")
         return self
+
+
+class LoadParity(Strict):
+    """Parity under load (fleet/analysis/load_parity.py): at each level of a scenario, a prompt set
+    is sent greedily with top-k logprobs in the middle of the load, and alone before the load, then
+    scored by the reference like any candidate shard."""
+
+    prompt_set: Name = Field(
+        description="Prompt set sent under load (every target's parity runs it too, the reference's greedy "
+        "path comes from there); keep it short: its prompts add to the level's load."
+    )
+    at: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="Share of the level's measured requests sent before the parity prompts go, all at once "
+        "(0.5: the middle of the load).",
+    )
+
+
+class Ramp(Strict):
+    """A request rate that grows over a level, as vLLM's `--ramp-up-strategy` (actors/arrivals.py)."""
+
+    strategy: Literal["linear", "exponential"] = Field(
+        description="Request i's rate: start + (end - start) p (linear) or start (end / start)^p "
+        "(exponential), p = i / (n - 1)."
+    )
+    start_rps: float = Field(gt=0, le=MAX_COUNT, description="Rate of the first request, req/s.")
+    end_rps: float = Field(gt=0, le=MAX_COUNT, description="Rate of the last request, req/s (at least start_rps).")
+
+    @model_validator(mode="after")
+    def _rises(self) -> Ramp:
+        if self.end_rps < self.start_rps:
+            msg = f"end_rps ({self.end_rps:g}) must be at least start_rps ({self.start_rps:g})"
+            raise ValueError(msg)
+        return self
+
+
+class Sweep(Strict):
+    """Find the highest request rate that still meets the SLO: a closed loop at the level measures
+    the most the target serves, then open-loop probes bisect between `floor_rps` and that rate."""
+
+    floor_rps: float = Field(gt=0, le=MAX_COUNT, description="The lowest rate probed, req/s.")
+    min_share: float = Field(
+        0.9, gt=0, le=1, description="A rate meets the SLO when at least this share of its requests do (slo_share)."
+    )
+    steps: int = Field(4, ge=1, le=20, description="Bisection probes after the floor: the answer is within "
+        "(max - floor) / 2^steps of the highest passing rate.")  # fmt: skip
+
+    @property
+    def runs(self) -> int:
+        """Runs of a level: the closed loop, the floor, then the bisection steps (fewer when one decides)."""
+        return 2 + self.steps
 
 
 class Scenario(Strict):
@@ -191,7 +295,11 @@ class Scenario(Strict):
     num_requests: int = Field(ge=1, le=MAX_COUNT, description="Measured requests per level.")
     warmup_requests: int = Field(4, ge=0, le=MAX_COUNT, description="Unrecorded requests sent first at each level.")
     request_rate: float | None = Field(
-        None, gt=0, le=MAX_COUNT, description="Poisson arrivals per second, capped by the level; unset: closed loop."
+        None,
+        gt=0,
+        le=MAX_COUNT,
+        description="Open loop: arrivals per second (see arrival, burstiness), capped by the level; unset (and no "
+        "ramp, no sweep): closed loop.",
     )
     burstiness: float = Field(
         1.0,
@@ -200,11 +308,41 @@ class Scenario(Strict):
         description="With request_rate: gamma-distributed gaps of this shape, mean 1/request_rate (vLLM's "
         "--burstiness): 1 is Poisson, below 1 burstier, above 1 more even.",
     )
+    arrival: Literal["random", "constant"] = Field(
+        "random",
+        description="With request_rate or ramp: random gaps (gamma of shape burstiness, 1: Poisson), or "
+        "evenly spaced ones, 1/rate each (vLLM's --burstiness inf).",
+    )
+    ramp: Ramp | None = Field(
+        None, description="Instead of request_rate: a rate that grows from request to request (vLLM's ramp-up)."
+    )
+    sweep: Sweep | None = Field(
+        None, description="Search each level for the highest rate meeting the slo (needs slo; no request_rate, ramp)."
+    )
+    clients: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Client processes sending the load (Ray actors, spread over nodes), each every k-th arrival "
+        "of one schedule; above 1 only for targets other processes reach (vllm-server, endpoint).",
+    )
+    client_cpus: float = Field(
+        1.0,
+        ge=0,
+        le=1024,
+        description="With clients above 1: CPUs each client actor reserves in Ray (1: the core one client can "
+        "use; 0 on a machine whose cores the target holds).",
+    )
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed for synthetic prompts and arrival times.")
     targets: list[str] | None = Field(
         None, min_length=1, description="Targets to run it on (default: every target whose kind can run perf)."
     )
     slo: Slo | None = Field(None, description="Per-request limits: each level then reports goodput against them.")
+    parity: LoadParity | None = Field(
+        None,
+        description="Parity under load: a prompt set sent greedily with logprobs mid-load at each level, and "
+        "alone (concurrency 1) before it; compared with the reference and with itself alone (docs/load-parity.md).",
+    )
 
     @field_validator("trace")
     @classmethod
@@ -244,6 +382,25 @@ class Scenario(Strict):
             if lines < self.num_requests:
                 msg = f"trace {self.trace} holds {lines} requests, fewer than num_requests ({self.num_requests})"
                 raise ValueError(msg)
+        if self.ramp is not None and self.request_rate is not None:
+            raise ValueError("set request_rate or ramp, not both (a ramp sets the rate of every request)")
+        if self.sweep is not None and (self.slo is None or self.request_rate is not None or self.ramp is not None):
+            raise ValueError("a sweep needs an slo and chooses the rates itself: set slo, unset request_rate and ramp")
+        if self.clients > 1 and self.parity is not None:
+            msg = "parity under load rides the engine's own client: set clients: 1 with parity"
+            raise ValueError(msg)
+        if self.clients > min(self.concurrency):
+            msg = f"clients ({self.clients}) must not exceed the lowest concurrency level ({min(self.concurrency)})"
+            raise ValueError(msg)
+        if self.trace is not None and (self.request_rate is not None or self.ramp is not None or self.sweep):
+            msg = "a trace's requests are due at the trace's own offsets: unset request_rate, ramp and sweep"
+            raise ValueError(msg)
+        if self.multi_turn is not None and (self.clients > 1 or self.sweep is not None):
+            msg = (
+                "multi_turn sends each turn after the previous one is answered, within one client's run: "
+                "set clients: 1 and no sweep"
+            )
+            raise ValueError(msg)
         return self
 
     @property

@@ -150,6 +150,13 @@ class WeightNoise(Strict):
 
     seed: int = Field(ge=0, le=2**31 - 1, description="Seed of the noise (with each tensor's name).")
     relative: float = Field(gt=0, le=1, description="Noise standard deviation as a fraction of each tensor's RMS.")
+    tensors: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1000,
+        description="Only the tensors whose name matches this shell pattern (fnmatch), e.g. "
+        "'model.layers.1.self_attn.*': one layer broken on purpose; unset: every tensor.",
+    )
 
 
 class VllmArgs(TargetArgs):
@@ -201,6 +208,9 @@ class HFArgs(TargetArgs):
     dtype: DType = Field("float32", description="Weights and activations dtype.")
     attn_implementation: Literal["eager", "sdpa"] = Field("sdpa", description="transformers attention kernel.")
     score_batch_size: int = Field(8, ge=1, le=4096, description="Sequences per forward pass when scoring.")
+    weight_noise: WeightNoise | None = Field(
+        None, description="Load a copy of the weights with seeded noise in them: a mutant, or one broken layer."
+    )
 
     @model_validator(mode="after")
     def _one_card(self) -> HFArgs:

@@ -1,6 +1,6 @@
 """`fleet calibrate MANIFEST`: do the manifest's gates catch a broken port, and stay quiet on a sound one?
 
-Two runs of the manifest, its perf scenarios and probes left out:
+Two runs of the manifest, its perf scenarios, probes and drill-down left out:
 1. **healthy**: every `vllm` candidate as written, `repeat: N` times (N healthy verdicts each, in
    actors of their own): any gate FAIL there is a false alarm;
 2. **mutants**: the reference plus, for every `vllm` candidate, copies whose model config is changed
@@ -111,7 +111,7 @@ def calibrate(
     if not candidates:
         msg = f"{manifest_path}: calibrate mutates vllm targets, and this manifest's candidates include none"
         raise UserError(msg)
-    cut = [*overrides, "perf=[]", "probes={}"]
+    cut = [*overrides, "perf=[]", "probes={}", "drilldown=false"]
     healthy = [{k: v for k, v in t.items() if k not in ("after", "matrix")} | {"repeat": repeats} for t in candidates]
     ref_target = [t for t in targets if t.get("name") == reference]
     if healthy_dir is None:

@@ -15,7 +15,7 @@ from html import escape
 import polars as pl
 
 from fleet.analysis import consistency
-from fleet.report import plots, summary
+from fleet.report import drilldown, plots, summary
 from fleet.report.blocks import Block, Section, Table
 from fleet.report.layouts import seed_sections
 from fleet.report.model import RunReport
@@ -48,7 +48,17 @@ TEXT_CELL = 300  # characters of generated text shown per cell
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 NOTICES = 3  # notice lines shown above the summary; the rest are folded in the same banner
 OPEN = {"parity"}  # sections open on load, besides gates when one fails: the rest is there when questioned
-PLOTTED = ["parity", "sequences", "setting_effects", "throughput", "scenarios", "layers"]  # sections with plots
+PLOTTED = [
+    "parity",
+    "sequences",
+    "setting_effects",
+    "throughput",
+    "scenarios",
+    "load_parity",
+    "sweeps",
+    "layers",
+    "drilldown",
+]  # sections with plots
 
 
 def html_table(t: Table, *, limit: int | None = HTML_ROWS) -> str:
@@ -131,8 +141,15 @@ def _plots(report: RunReport, key: str) -> list[str]:
         return [plots.latency_cdf(t["requests"], c, colors, name=n) for c, n in (("ttft_s", "TTFT"), ("e2e_s", "E2E"))]
     if key == "scenarios" and report.scenarios is not None:
         return plots.throughput_vs_concurrency(report.scenarios, colors)
+    if key == "load_parity" and report.load_parity is not None:
+        return plots.parity_vs_load(report.load_parity, colors)
+    if key == "sweeps" and report.sweeps is not None:
+        return plots.sweep_curves(report.sweeps, colors)
     if key == "layers" and report.layers is not None:
         return [plots.layer_errors(report.layers, colors, metric=m) for m in ("rel_l2", "cosine")]
+    if key == "drilldown":
+        curve, _ = drilldown.view(t.get("drilldown"), report.info)
+        return plots.drilldown_curves(curve, colors) if curve.height else []
     return []
 
 

@@ -22,11 +22,12 @@ from typing import Any
 
 import polars as pl
 
-from fleet.analysis import consistency, divergence, from_stats, noise_floor, noise_model, probes
+from fleet.analysis import consistency, divergence, from_stats, load_parity, noise_floor, noise_model, probes
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.analysis.perf import summary as perf_summary
+from fleet.analysis.perf import sweep_curve
 from fleet.contracts.gates import PERF_COLUMNS, Gate, perf_key
 from fleet.report.svg import PALETTE
 from fleet.results import reader
@@ -60,6 +61,7 @@ class RunReport:
     throughput: pl.DataFrame  # analysis.throughput (parity runs, engine-side timestamps)
     scenarios: pl.DataFrame | None  # fleet.analysis.perf.summary per level
     smoke: pl.DataFrame | None  # the smoke table
+    load_parity: pl.DataFrame | None  # load_parity.table: per target x scenario x level; None: no `parity:`
     logits: pl.DataFrame | None  # probes.logits_summary
     layers: pl.DataFrame | None  # probes.layer_curve: the error-growth curve
     matrix: pl.DataFrame | None  # per variant: started, gates, throughput (columns.MATRIX)
@@ -70,6 +72,7 @@ class RunReport:
     architecture: dict[str, dict[str, Any]]  # model -> config.json fields and parameter count ({}: unreadable)
     notices: list[str]
     colors: dict[str, str]  # target -> plot colour, the same in every plot
+    sweeps: pl.DataFrame | None = None  # fleet.analysis.perf.sweep_curve; None: no scenario sweeps
 
     @classmethod
     def build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None = None, top: int = 20) -> RunReport:
@@ -98,6 +101,9 @@ class RunReport:
         else:  # a run written before prompt_stats: the same figures from its token rows
             parity, first, per_prompt, seqs = _from_tokens(requests, tokens, ref, spec)
         sequences = _worst_sequences(texts, ref, seqs, per_prompt, top)
+        # One row per run of a level; a sweep's probes (probe > 0) go to its own section, not the levels'.
+        runs = perf_summary(t["perf_requests"], t["perf_levels"], _slos(info)) if t["perf_levels"].height else None
+        swept = {s["name"]: s["sweep"]["min_share"] for s in info.perf if s.get("sweep")}
         report = cls(
             run_dir=run_dir,
             info=info,
@@ -112,10 +118,9 @@ class RunReport:
             shown=_shown(first, sequences),
             accuracy=accuracy if accuracy.height else None,
             throughput=analysis.throughput(requests, t["shards"]),
-            scenarios=perf_summary(t["perf_requests"], t["perf_levels"], _slos(info))
-            if t["perf_levels"].height
-            else None,
+            scenarios=runs.filter(pl.col("probe") == 0) if runs is not None else None,
             smoke=t["smoke"] if t["smoke"].height else None,
+            load_parity=_load_parity(t, requests, tokens, ref, spec, parity),
             logits=probes.logits_summary(probes.logits_errors(t["logits"], ref)) if t["logits"].height else None,
             layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
             matrix=None,
@@ -126,6 +131,7 @@ class RunReport:
             architecture={m: architecture(info, m) for m in _models(info, requests)},
             notices=notices(info, requests),
             colors=_colors(info, t | {"tokens": requests.select("target")}),
+            sweeps=sweep_curve(runs, swept) if runs is not None and swept else None,
         )
         gates = gate_mod.from_info(info) if gates is None else list(gates)
         verdicts = report.evaluate(gates) if gates else None
@@ -177,6 +183,8 @@ class RunReport:
             frames.append(_perf_metrics(self.scenarios))
         if self.consistency is not None and self.consistency.height:
             frames.append(consistency.per_variant(self.consistency))
+        if self.load_parity is not None:
+            frames.append(load_parity.per_target(self.load_parity))
         return frames
 
     def evaluate(self, gates: Sequence[Gate]) -> pl.DataFrame:
@@ -193,6 +201,21 @@ class RunReport:
             doubles=gate_mod.test_doubles(self.info),
             incomplete=gate_mod.incomplete(self.info, self.tables["requests"]),
         )
+
+
+def _load_parity(
+    t: dict[str, pl.DataFrame],
+    requests: pl.DataFrame,
+    tokens: pl.LazyFrame,
+    ref: str,
+    spec: NoiseSpec,
+    parity: pl.DataFrame,
+) -> pl.DataFrame | None:
+    """Parity vs load (None: no scenario with `parity:` ran), judged with each target's parity noise."""
+    if not t["load_requests"].height:
+        return None
+    noise = parity.select("model", "target", "noise") if "noise" in parity.columns else None
+    return load_parity.table(t["load_requests"], t["load_tokens"], requests, tokens, ref, spec=spec, noise=noise)
 
 
 def _slos(info: RunInfo) -> dict[str, dict[str, float | None]]:

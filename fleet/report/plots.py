@@ -156,3 +156,69 @@ def throughput_vs_concurrency(scenarios: pl.DataFrame, colors: Colors) -> list[s
             svg.lines(series, title=title, x_label="concurrent requests", y_label="output tok/s", colors=label_colors)
         )
     return out
+
+
+DRILL_PLOTS = 4  # divergences drawn; the text report's table has every one
+
+
+def drilldown_curves(curve: pl.DataFrame, colors: Colors) -> list[str]:
+    """Per divergence (the first DRILL_PLOTS), log10 rel L2 vs the reference across depth for each
+    probed target, and the precision twin's times the margin's line is what it is judged against
+    (drilldown.curve: depth 0 = embeddings, then per layer attention, MLP, output; the final norm)."""
+    out = []
+    keys = ["model", "diverging", "prompt_set", "prompt_id", "step"]
+    for key, part in list(curve.partition_by(keys, as_dict=True, maintain_order=True).items())[:DRILL_PLOTS]:
+        model, diverging, _, prompt_id, step = key
+        series: dict[str, XY] = {}
+        label_colors: dict[str, str] = {}
+        for (target,), rows in part.partition_by("target", as_dict=True, maintain_order=True).items():
+            series[str(target)] = (rows["depth"].to_list(), _log10(rows["rel_l2"]))
+            if str(target) in colors:
+                label_colors[str(target)] = colors[str(target)]
+        twin = part.unique("depth", keep="first", maintain_order=True)
+        series["precision twin"] = (twin["depth"].to_list(), _log10(twin["twin_rel_l2"]))
+        out.append(
+            svg.lines(
+                series,
+                title=f"{model}: prompt {prompt_id} ({diverging}), token {step}",
+                x_label="depth (embeddings; per layer attention, MLP, output; norm)",
+                y_label="log10 rel L2 vs reference",
+                y_from_zero=False,
+                colors=label_colors,
+            )
+        )
+    return out
+
+
+def _log10(values: pl.Series) -> list[float]:
+    return [math.log10(v) if v is not None and v > 0 else math.nan for v in values.to_list()]
+
+
+def parity_vs_load(levels: pl.DataFrame, colors: Colors) -> list[str]:
+    """Per scenario, by concurrency level: TF p99 |dlogp| and real divergences of the parity prompts
+    under load (fleet.analysis.load_parity.table), one line per target."""
+    out = []
+    for (scenario,), part in levels.partition_by("scenario", as_dict=True, maintain_order=True).items():
+        part = part.sort("level")
+        for column, y_label in (
+            ("tf_p99_abs_logprob_diff", "TF p99 |dlogp| (nats)"),
+            ("real_divergences", "real div."),
+        ):
+            series, label_colors = _series(part, "level", column, colors)
+            title = f"Parity vs load: {y_label} by concurrency, {scenario}"
+            out.append(
+                svg.lines(series, title=title, x_label="concurrent requests", y_label=y_label, colors=label_colors)
+            )
+    return out
+
+
+def sweep_curves(sweeps: pl.DataFrame, colors: Colors) -> list[str]:
+    """Goodput req/s against the offered rate, one plot per swept scenario and level (perf.sweep_curve)."""
+    out = []
+    for (scenario, level), part in sweeps.partition_by("scenario", "level", as_dict=True, maintain_order=True).items():
+        series, label_colors = _series(part.sort("offered_rps"), "offered_rps", "goodput_qps", colors)
+        title = f"Goodput vs offered rate: {scenario} at concurrency {level}"
+        out.append(
+            svg.lines(series, title=title, x_label="offered req/s", y_label="goodput req/s", colors=label_colors)
+        )
+    return out

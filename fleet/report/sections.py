@@ -10,8 +10,8 @@ from typing import Any
 
 import polars as pl
 
-from fleet.analysis import consistency, workload
-from fleet.report import columns
+from fleet.analysis import consistency, perf, workload
+from fleet.report import columns, drilldown
 from fleet.report.blocks import SECTIONS, Block, Section, SectionSpec, Table, register
 from fleet.report.model import NO_VERDICT, RunReport
 from fleet.results.info import RunInfo
@@ -59,7 +59,44 @@ def _throughput(r: RunReport, spec: SectionSpec) -> list[Block]:
           columns=columns.SCENARIOS)  # fmt: skip
 def _scenarios(r: RunReport, spec: SectionSpec) -> list[Block]:
     blocks = spec.table(r.scenarios)
-    return [*blocks, conditions(r.info)] if blocks else []
+    return [*blocks, conditions(r.info), *client_bound(r.scenarios)] if blocks else []
+
+
+@register("sweeps", "Rate sweeps: the highest request rate meeting the SLO", chapter=PERFORMANCE,
+          columns=columns.SWEEPS)  # fmt: skip
+def _sweeps(r: RunReport, spec: SectionSpec) -> list[Block]:
+    blocks = spec.table(r.sweeps)
+    if not blocks or r.sweeps is None:
+        return []
+    best = r.sweeps.group_by("model", "target", "scenario", "level", maintain_order=True).agg(
+        pl.col("best_rps").first()
+    )
+    lines = [
+        f"{row['target']} / {row['scenario']} @ {row['level']}: "
+        + ("no probed rate met the SLO" if row["best_rps"] is None else f"{row['best_rps']:.4g} req/s")
+        for row in best.iter_rows(named=True)
+    ]
+    note = (
+        "Probe 0 is a closed loop at the level (offered = served: the most the target serves), then the floor, "
+        "then bisection; a rate meets the SLO when its share of requests meeting it reaches the scenario's "
+        "min_share. Highest passing rate per level: "
+    )
+    return [*blocks, note + "; ".join(lines)]
+
+
+@register("load_parity", "Parity vs load (the parity prompts mid-load at each level, vs reference and vs alone)",
+          chapter=PERFORMANCE, columns=columns.LOAD_PARITY)  # fmt: skip
+def _load_parity(r: RunReport, spec: SectionSpec) -> list[Block]:
+    blocks = spec.table(r.load_parity, worst=("real_divergences", True))
+    if not blocks:
+        return []
+    note = (
+        "Each level's parity prompts were sent alone first (c=1), then all at once mid-load, greedy, and "
+        "teacher-forced by the reference; real divergences and near ties by the parity tables' rule and noise. "
+        "'vs c=1': load minus alone; 'paths changed vs c=1': load outputs that differ from the same prompts "
+        "alone, 'real div. from c=1' of which beyond the noise (the batch changed the answer)."
+    )
+    return [*blocks, note]
 
 
 @register("workloads", "Token counts asked and seen, and prefix-cache hits, per level", chapter=PERFORMANCE,
@@ -90,6 +127,48 @@ def _logits(r: RunReport, spec: SectionSpec) -> list[Block]:
           columns=columns.LAYERS)  # fmt: skip
 def _layers(r: RunReport, spec: SectionSpec) -> list[Block]:
     return spec.table(r.layers)
+
+
+DRILLDOWN = {"model": "model", "diverging": "diverging", "prompt_id": "prompt", "step": "token", "target": "probed"}
+DRILLDOWN |= {"where": "first past precision", "rel_l2": "rel L2 there", "twin_rel_l2": "twin's", "config": "msprobe"}
+DRILL_CURVE = {"diverging": "diverging", "prompt_id": "prompt", "step": "token", "target": "probed", "layer": "layer"}
+DRILL_CURVE |= {"kind": "part", "rel_l2": "rel L2", "twin_rel_l2": "twin rel L2", "ratio": "x twin", "exceeds": "past"}
+
+
+@register("drilldown", "Drill-down: the layer where each real divergence starts", chapter=ACCURACY,
+          columns=DRILLDOWN)  # fmt: skip
+def _drilldown(r: RunReport, spec: SectionSpec) -> list[Block]:
+    """Per real divergence, the first layer (and part of it) whose error vs the reference exceeds the
+    precision twin's by the margin, and the error-growth curve it was read from."""
+    table = r.tables.get("drilldown")
+    curve, first = drilldown.view(table, r.info)
+    if first.is_empty():
+        if table is None or table.is_empty():
+            return []
+        diverging = ", ".join(sorted(set(table["diverging"])))
+        return [
+            f"Real divergences of {diverging} were probed on the reference and its precision twin only: no hf "
+            "candidate gives hidden states to compare. Add an hf target of the candidate's dtype on its device "
+            "(HF on the same card) to find the layer (docs/metrics.md#drill-down)."
+        ]
+    note = (
+        f"Layer probe at each real divergence's prefix (prompt + shared output), last position; a part is past "
+        f"precision when its rel L2 vs the reference exceeds {drilldown.margin(r.info):g} x the precision twin's "
+        "(docs/metrics.md#drill-down). msprobe: a ready config.json in the run directory for that engine step and "
+        "layer range; on vllm-ascend: vllm serve MODEL --enforce-eager --additional-config "
+        '\'{"dump_config": "RUN_DIR/CONFIG"}\', then send the prompt alone.'
+    )
+    return [
+        *spec.table(first),
+        first["finding"].to_list(),
+        note,
+        Table(
+            curve,
+            DRILL_CURVE,
+            title="Error growth across depth (embeddings, per layer: attention, MLP, output; final norm)",
+            fold=True,
+        ),
+    ]
 
 
 @register("matrix", "Feature matrix", chapter=ACCURACY, columns=columns.MATRIX)
@@ -243,12 +322,37 @@ def _count(value: int | dict[str, Any]) -> str:
 
 
 def _arrivals(scenario: dict[str, Any]) -> str:
-    rate, shape = scenario.get("request_rate"), scenario.get("burstiness", 1.0)
     if scenario.get("trace"):
-        return "arrivals at the trace's times"
+        clients = f", {scenario['clients']} client processes" if (scenario.get("clients") or 1) > 1 else ""
+        return f"arrivals at the trace's times{clients}"
+    rate, shape, ramp, sweep = (scenario.get(k) for k in ("request_rate", "burstiness", "ramp", "sweep"))
+    gaps = "evenly spaced" if scenario.get("arrival") == "constant" else (
+        "Poisson" if shape in (None, 1) else f"gamma gaps of burstiness {shape:g}"
+    )  # fmt: skip
+    clients = f", {scenario['clients']} client processes" if (scenario.get("clients") or 1) > 1 else ""
+    if sweep:
+        return f"a sweep from {sweep['floor_rps']:g}/s to the closed loop's rate, {gaps}{clients}"
+    if ramp:
+        how = f"{ramp['strategy']} ramp from {ramp['start_rps']:g}/s to {ramp['end_rps']:g}/s"
+        return f"arrivals on a {how}, {gaps}{clients}"
     if rate is None:
-        return "closed loop"
-    return f"arrivals at {rate:g}/s, " + ("Poisson" if shape == 1 else f"gamma gaps of burstiness {shape:g}")
+        return f"closed loop{clients}"
+    return f"arrivals at {rate:g}/s, {gaps}{clients}"
+
+
+def client_bound(scenarios: pl.DataFrame | None) -> list[Block]:
+    """A warning naming the levels whose client may have set the pace (fleet/analysis/perf.py's rule)."""
+    if scenarios is None or "client_bound" not in scenarios.columns:
+        return []
+    flagged = scenarios.filter(pl.col("client_bound").fill_null(False))
+    if flagged.is_empty():
+        return []
+    where = ", ".join(f"{t} / {s} @ {lv}" for t, s, lv in flagged.select("target", "scenario", "level").iter_rows())
+    return [
+        f"Client-bound (send lag p99 > {perf.CLIENT_LAG_S * 1000:g} ms or client CPU > "
+        f"{perf.CLIENT_CPU_SHARE:.0%} of a core): {where}. These figures may measure the load generator, not "
+        "the target: spread the load over more client processes (the scenario's clients) or nodes."
+    ]
 
 
 def _g(value: float | None, *, scale: float = 1.0) -> str:

@@ -26,9 +26,11 @@ from fleet.contracts.inputs import check_name, check_url, clip, cut, inside, rea
 from fleet.contracts.schema import SCHEMA_VERSION
 from fleet.contracts.targets import SOURCE_PREFLIGHT, engine_side
 from fleet.results import reader
+from fleet.results.direct import DirectSink, actors_write
 from fleet.results.info import RunInfo
 from fleet.results.store import RUN_JSON, RunStore, join, now
 from fleet.run import manifest as manifest_mod
+from fleet.run.drill import DrillPoints, drill_plans
 from fleet.run.outcome import GateCheck, Outcome
 from fleet.run.placement import check_fits
 from fleet.run.plan import ModelPlan, plan
@@ -86,6 +88,7 @@ def run(
     verbose: bool = False,
     overrides: Sequence[str] = (),
     gates_of: RunGateCheck | None = None,
+    drilldown_of: DrillPoints | None = None,
 ) -> tuple[str | Path, Outcome]:
     """Run a manifest and return the run directory and what failed (if anything).
 
@@ -93,7 +96,8 @@ def run(
     directory is <results_dir>/<run_id>, returned in the same form (a Path stays a Path).
     `overrides` (`KEY=VALUE`, fleet.run.manifest.override) apply on top of the file; run.json keeps both.
     `gates_of(run_dir, model, target)`: why a target's gates failed on the rows so far (None: passed);
-    `after:` waits for it (without it, `after:` checks failures only)."""
+    `after:` waits for it (without it, `after:` checks failures only). `drilldown_of(run_dir, model)`:
+    the model's real divergences, which a manifest's `drilldown:` probes once the parity rows are in."""
     manifest, run_dir, info, unresolved = check(
         manifest_path, results_dir=results_dir, run_id=run_id, overrides=overrides
     )
@@ -110,6 +114,7 @@ def run(
             failed_before_start={f"{m}/{t.name}": why for m, why in unresolved.items() for t in manifest.targets},
             gates_of=_bind(gates_of, run_dir),
         )
+        outcome = _drill(manifest, store, cluster, outcome, drilldown_of=drilldown_of, progress=progress)
     return run_dir, outcome
 
 
@@ -178,8 +183,10 @@ def resume(
     progress: bool = True,
     verbose: bool = False,
     gates_of: RunGateCheck | None = None,
+    drilldown_of: DrillPoints | None = None,
 ) -> tuple[str | Path, Outcome]:
-    """Finish an interrupted run: only the shards without a written `shards` row run again."""
+    """Finish an interrupted run: only the shards without a written `shards` row run again (and the
+    drill-down, when the manifest asks for one, from the start: it is one step after the rest)."""
     store, info, manifest, plans = check_resume(run_dir)
     with _ray(ray_address, verbose=verbose, num_cpus=num_cpus) as cluster:
         _check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
@@ -193,6 +200,7 @@ def resume(
             before=info,
             gates_of=_bind(gates_of, run_dir),
         )
+        outcome = _drill(manifest, store, cluster, outcome, drilldown_of=drilldown_of, progress=progress)
     return run_dir, outcome
 
 
@@ -262,10 +270,11 @@ def _execute(
 ) -> Outcome:
     """Dispatch shards and perf levels, then record in run.json how it ended (also when interrupted)."""
     status, outcome = "interrupted", Outcome()
+    sink = _sink(manifest, store)
     try:
         planned = +Counter({p.model: len(p.shards) + len(p.perf) for p in plans})  # +: no model without work
         with Progress(planned, enabled=progress) as bar:
-            outcome = execute(manifest, plans, store, bar, cluster=cluster, gates_of=gates_of)
+            outcome = execute(manifest, plans, store, bar, cluster=cluster, gates_of=gates_of, sink=sink)
         outcome.failures = (failed_before_start or {}) | outcome.failures
         status = "partial" if outcome.partial else "complete"
     finally:
@@ -278,8 +287,63 @@ def _execute(
             retries=(before.retries if before else 0) + outcome.retries,
             models=(before.timeline if before else {}) | outcome.timeline,
             cluster=_cluster(),
+            write="driver" if sink is None else "actors",  # who wrote the rows (run.write; the last session's)
         )
     return outcome
+
+
+def _drill(
+    manifest: manifest_mod.Manifest,
+    store: RunStore,
+    cluster: dict[str, float],
+    outcome: Outcome,
+    *,
+    drilldown_of: DrillPoints | None,
+    progress: bool,
+) -> Outcome:
+    """The drill-down, after every model's parity rows are stored: layer probes at each real
+    divergence (fleet/run/drill.py); what fails is added to run.json's failed_shards."""
+    if manifest.drilldown is None:
+        return outcome
+    if drilldown_of is None:
+        msg = "the manifest asks for a drill-down: pass drilldown_of (fleet.analysis.drilldown.points)"
+        raise ValueError(msg)
+    failed = {key.split("/", 1)[0] for key in outcome.failures}
+    points = {m.name: drilldown_of(store.run_dir, m.name) for m in manifest.models if m.name not in failed}
+    plans = drill_plans(manifest, points)
+    if not plans:
+        return outcome
+    with Progress(Counter(), enabled=progress) as bar:
+        found = ", ".join(f"{model} {len(p)}" for model, p in points.items() if p)
+        bar.write(f"drill-down: layer probes at the real divergences ({found})")
+        more = execute(manifest, plans, store, bar, cluster=cluster)
+    # A target whose drill-down actor failed is recorded as that work failing, not the target: its
+    # parity rows stand, and its gates read those.
+    lost = more.failed_shards | {f"{key}/drilldown": why for key, why in more.failures.items()}
+    merged = Outcome(
+        provenance=outcome.provenance,
+        failures=outcome.failures,
+        failed_shards=outcome.failed_shards | lost,
+        retries=outcome.retries + more.retries,
+        timeline=outcome.timeline,
+    )
+    recorded = store.info()  # on a resume, its retries count those of the runs before
+    store.update_info(
+        failed_shards=recorded.get("failed_shards", {}) | lost,
+        retries=int(recorded.get("retries", 0)) + more.retries,
+    )
+    return merged
+
+
+def _sink(manifest: manifest_mod.Manifest, store: RunStore) -> DirectSink | None:
+    """Where the actors store their own rows (`run.write`, fleet/results/direct.py); None: the driver writes."""
+    import ray
+
+    nodes = len([n for n in ray.nodes() if n.get("Alive")])
+    if not actors_write(manifest.run.write, store, nodes=nodes):
+        return None
+    # A local directory as an absolute path: an actor's working directory is not the driver's.
+    return DirectSink(store.root if store.local else str(store.run_dir), store.run_id, manifest.reference)
 
 
 def _bind(gates_of: RunGateCheck | None, run_dir: str | Path) -> GateCheck | None:

@@ -23,6 +23,7 @@ from fleet.contracts.prompts import Prompt
 from fleet.contracts.sources import GgufSource, PathSource
 from fleet.contracts.spec import (
     PROBE_KINDS,
+    Drilldown,
     ModelSpec,
     ParityOptions,
     ProbeKind,
@@ -37,6 +38,9 @@ from fleet.contracts.targets import BACKENDS, Capability, TargetArgs
 from fleet.run.context import check_context
 from fleet.run.matrix import expand_targets
 from fleet.run.prompt_files import expand
+
+# Target kinds served over HTTP, which a scenario's client actors (Scenario.clients) can reach from any node.
+REMOTE_KINDS = ("vllm-server", "endpoint")
 
 
 def probe_capability(kind: ProbeKind) -> Capability:
@@ -75,6 +79,11 @@ class Manifest(Strict):
     run: RunOptions = Field(default_factory=RunOptions, description="How the work is cut and dispatched.")
     parity: ParityOptions = Field(default_factory=ParityOptions, description="How parity verdicts are read.")
     probes: Probes = Field(default_factory=Probes, description="Deep parity probes, opt-in.")
+    drilldown: Drilldown | None = Field(
+        None,
+        description="true (or its options): a layer probe at every real divergence's prefix on the reference, its "
+        "precision twin and hf candidates, naming the first layer whose error exceeds precision (docs/metrics.md).",
+    )
     variants: dict[str, Variant] = Field(
         default_factory=dict, description="Filled from targets' `matrix:` (variant name -> base and settings)."
     )
@@ -103,6 +112,14 @@ class Manifest(Strict):
         expansion = expand_targets(data["targets"])
         variants = {n: {"base": b, "settings": expansion.settings[n]} for n, b in expansion.variants_of.items()}
         return data | {"targets": expansion.targets, "variants": variants, "repeats": expansion.repeats}
+
+    @field_validator("drilldown", mode="before")
+    @classmethod
+    def _drilldown_switch(cls, value: Any) -> Any:
+        """`drilldown: true` is the defaults, `false` is off."""
+        if isinstance(value, bool):
+            return {} if value else None
+        return value
 
     @field_validator("prompts", mode="before")
     @classmethod
@@ -144,14 +161,27 @@ class Manifest(Strict):
             if scenario.prompt_set is not None and scenario.prompt_set not in self.prompts:
                 msg = f"perf[{i}].prompt_set: no prompt set {scenario.prompt_set!r}; sets: {', '.join(self.prompts)}"
                 raise ValueError(msg)
+            if scenario.parity is not None and scenario.parity.prompt_set not in self.prompts:
+                msg = f"perf[{i}].parity.prompt_set: no prompt set {scenario.parity.prompt_set!r}; "
+                raise ValueError(msg + f"sets: {', '.join(self.prompts)}")
             for name in scenario.targets or ():
                 if name not in targets or not targets[name].can("perf"):
                     msg = f"perf[{i}].targets: {name!r} is not a target of a kind that runs perf scenarios"
+                    raise ValueError(msg)
+            if scenario.clients > 1:  # the client actors reach the target over HTTP
+                names = scenario.targets or [t.name for t in self.targets if t.can("perf")]
+                if local := [n for n in names if targets[n].kind not in REMOTE_KINDS]:
+                    msg = (
+                        f"perf[{i}].clients: {scenario.clients} client processes need targets they can reach over "
+                        f"HTTP ({', '.join(REMOTE_KINDS)}); {', '.join(map(repr, local))} serve(s) in-process: "
+                        "name the scenario's targets, or set clients: 1"
+                    )
                     raise ValueError(msg)
         if self.reference in targets and not targets[self.reference].parity:
             msg = f"reference {self.reference!r} has parity: false; the reference must run the parity prompts"
             raise ValueError(msg)
         self._check_probes(targets)
+        self._check_drilldown(targets)
         self._check_after()
         for i, gate in enumerate(self.gates):
             for field, known in (
@@ -201,6 +231,26 @@ class Manifest(Strict):
                 if name not in targets or not targets[name].can(capability):
                     msg = f"{where}.targets: {name!r} is not a target that can run it ({able})"
                     raise ValueError(msg)
+
+    def _check_drilldown(self, targets: dict[str, TargetArgs]) -> None:
+        if self.drilldown is None or self.reference not in targets:
+            return
+        ref = targets[self.reference]
+        if not ref.can("probe_layers"):
+            msg = f"drilldown: the reference {self.reference!r} is a {ref.kind!r} target; the drill-down reads "
+            msg += "hidden states from the reference and its precision twin: make an hf target the reference"
+            raise ValueError(msg)
+        for name in self.drilldown.targets or ():
+            if name not in targets or not targets[name].can("probe_layers") or name == self.reference:
+                msg = f"drilldown.targets: {name!r} is not a candidate that gives hidden states (an hf target)"
+                raise ValueError(msg)
+
+    def drilled(self) -> list[str]:
+        """The candidates probed at every divergence's prefix (besides the reference and its twin)."""
+        if self.drilldown is None:
+            return []
+        able = [t.name for t in self.targets if t.can("probe_layers") and t.name != self.reference]
+        return [n for n in able if self.drilldown.targets is None or n in self.drilldown.targets]
 
     def probed(self, kind: ProbeKind) -> list[str]:
         """Targets the `kind` probe runs on: those named (plus the reference), else all able ones."""

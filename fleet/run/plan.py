@@ -8,11 +8,11 @@ is written as one Parquet file per table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fleet.contracts.prompt_source import FileSlice, PromptFile, chunks
-from fleet.contracts.spec import PROBE_KINDS, ProbeKind, Shard
+from fleet.contracts.spec import PROBE_KINDS, DrillPoint, ProbeKind, Shard
 from fleet.run.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -28,9 +28,10 @@ class ModelPlan:
     shards: list[Shard]
     perf: list[PerfLevel]
     probes: list[ProbeCall]
+    drills: list[DrillCall] = field(default_factory=list)  # the drill-down's, once parity is stored
 
     def __bool__(self) -> bool:
-        return bool(self.shards or self.perf or self.probes)
+        return bool(self.shards or self.perf or self.probes or self.drills)
 
     def remaining(self, shards_done: set[str], perf_done: set[str], probes_done: set[str]) -> ModelPlan:
         """This plan without what a killed run already stored (by id): what `--resume` still does."""
@@ -127,3 +128,19 @@ def plan_probes(manifest: Manifest) -> list[ProbeCall]:
         for kind in PROBE_KINDS
         for target in manifest.probed(kind)
     ]
+
+
+@dataclass(frozen=True)
+class DrillCall:
+    """The layer probe on one target at every point of one model; `twin` (a dtype): on the
+    reference's precision twin at that dtype instead of its own model."""
+
+    model: str
+    target: str
+    twin: str | None
+    points: tuple[DrillPoint, ...]
+
+    @property
+    def key(self) -> str:
+        """Its id in run.json's failed_shards and in the store."""
+        return f"{self.model}/{self.target}/drilldown/{self.twin or 'own'}"

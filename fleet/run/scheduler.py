@@ -30,15 +30,18 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from fleet.results.direct import actor_env
 from fleet.results.staging import Staging
 from fleet.results.store import now
 from fleet.run.outcome import GateCheck, Outcome
 from fleet.run.placement import fits, reservation, turns_note
 from fleet.run.slots import AdmittedModel
-from fleet.run.work import Generate
+from fleet.run.work import Generate, ScoreStaged
 from fleet.run.writer import ShardWriter
 
 if TYPE_CHECKING:
+    from fleet.contracts.spec import Shard
+    from fleet.results.direct import DirectSink
     from fleet.results.store import RunStore
     from fleet.run.manifest import Manifest
     from fleet.run.plan import ModelPlan
@@ -54,10 +57,12 @@ def execute(
     *,
     cluster: dict[str, float],
     gates_of: GateCheck | None = None,
+    sink: DirectSink | None = None,
 ) -> Outcome:
     """Run every model's plan: its shards, probes and perf levels (retrying faults); write what they
-    produce; returns what failed. `gates_of` is what `after:` checks beside failures (None: failures only)."""
-    return Loop(manifest, plans, store, bar, cluster, gates_of).run()
+    produce; returns what failed. `gates_of` is what `after:` checks beside failures (None: failures only).
+    `sink`: the actors store their shards themselves (fleet/results/direct.py); the loop commits them."""
+    return Loop(manifest, plans, store, bar, cluster, gates_of, sink).run()
 
 
 class Loop:
@@ -72,6 +77,7 @@ class Loop:
         bar: Progress,
         cluster: dict[str, float],
         gates_of: GateCheck | None = None,
+        sink: DirectSink | None = None,
     ) -> None:
         self.manifest, self.store, self.bar, self.outcome = manifest, store, bar, Outcome()
         self.gates_of, self.gate_verdicts = gates_of, dict[tuple[str, str], str | None]()
@@ -92,6 +98,8 @@ class Loop:
                 take_turns=note is not None,
                 staging=self.staging,
                 staged=staged,
+                sink=sink,
+                env=actor_env(store) if sink is not None else None,
             )
             for plan in plans
             if plan
@@ -281,8 +289,11 @@ class Loop:
     def _apply(self, admitted: AdmittedModel, name: str, work: Work, effects: Effects) -> None:
         """Carry out what should follow `work` on target `name`, which has ended (its result is
         in, or it was given up): the one place work changes the admitted."""
-        key, slot = f"{admitted.model.name}/{name}", admitted.slots[name]
         admitted.ended(work)
+        self._carry_out(admitted, name, effects)
+
+    def _carry_out(self, admitted: AdmittedModel, name: str, effects: Effects) -> None:
+        key, slot = f"{admitted.model.name}/{name}", admitted.slots[name]
         if effects.provenance is not None:
             self.outcome.provenance[key] = effects.provenance
         slot.smoked = slot.smoked or effects.smoked
@@ -294,8 +305,12 @@ class Loop:
             self.store.write(write.table, write.key, write.rows)
         if effects.score is not None:
             self._to_reference(admitted, effects.score)
+        if effects.staged is not None:
+            self._staged_to_reference(admitted, *effects.staged)
         if effects.shard is not None:
             self.writer.write(effects.shard)
+        if effects.committed is not None:
+            self.writer.commit(effects.committed)
         if effects.progress:
             self.bar.update(effects.progress, model=admitted.model.name)
 
@@ -303,10 +318,20 @@ class Loop:
         """A candidate's shard goes to the reference: held in memory for it while it is up beside
         the candidates; staged on disk when the model takes turns (the candidate's actor may go once
         they are stored); written unscored when there is no reference (left) to score with."""
-        if admitted.take_turns and not admitted.reference_failed:
+        if admitted.take_turns and not admitted.reference_failed and score.staged:
             admitted.stage(score.shard, self.staging.put(score.gen))
         elif not admitted.to_score(score):
-            self.writer.write(score.unscored)
+            self._carry_out(admitted, score.shard.target, score.without_reference())
+
+    def _staged_to_reference(self, admitted: AdmittedModel, shard: Shard, weights: str) -> None:
+        """A candidate's shard its actor staged goes to the reference as `_to_reference` says: to
+        score from the staging area, or, with no reference left, committed unscored."""
+        if admitted.take_turns and not admitted.reference_failed:
+            admitted.stage(shard, weights)
+        elif admitted.slots[admitted.ref].handle is not None:
+            admitted.stage(shard, weights, first=True)
+        else:
+            self.writer.write(ScoreStaged(shard, weights, self.staging).unscored)
 
 
 def _reason(error: Exception) -> str:

@@ -11,12 +11,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fleet.run.drill import Drill
+from fleet.run.perf_work import Perf
 from fleet.run.placement import add, fits, footprint, reserve
-from fleet.run.work import Describe, Generate, Perf, Probe, Score, ScoreStaged, Smoke, Work
+from fleet.run.work import Describe, Generate, Probe, Score, ScoreStaged, Smoke, Work
 
 if TYPE_CHECKING:
     from fleet.contracts.spec import ModelSpec, Shard
     from fleet.contracts.targets import TargetArgs
+    from fleet.results.direct import DirectSink
     from fleet.results.staging import Staging
     from fleet.run.manifest import Manifest
     from fleet.run.plan import ModelPlan
@@ -30,8 +33,11 @@ BASE_ENV = {"VLLM_NO_USAGE_STATS": "1", "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZ
 class ActorSlot:
     """The driver's handle on one target's TargetActor for one model, fed one call at a time."""
 
-    def __init__(self, target: TargetArgs, model: ModelSpec, manifest: Manifest) -> None:
+    def __init__(
+        self, target: TargetArgs, model: ModelSpec, manifest: Manifest, *, env: dict[str, str] | None = None
+    ) -> None:
         self.target, self.model, self.manifest = target, model, manifest
+        self.env = env or {}  # beside the target's own: what writing to the results store needs
         self.queue: deque[Work] = deque()
         self.current: tuple[Any, Work, float] | None = None  # (object ref, work, deadline)
         self.handle: Any = None
@@ -54,7 +60,7 @@ class ActorSlot:
         from fleet.contracts.targets import TARGET_ACTOR, engine_side
 
         self.pg, options = reserve(self.target)
-        options["runtime_env"] = {"env_vars": BASE_ENV | self.target.actor_env()}
+        options["runtime_env"] = {"env_vars": BASE_ENV | self.env | self.target.actor_env()}
         self.handle = (
             ray.remote(engine_side(TARGET_ACTOR))
             .options(**options)
@@ -109,24 +115,29 @@ class AdmittedModel:
         take_turns: bool = False,
         staging: Staging | None = None,
         staged: dict[str, str] | None = None,
+        sink: DirectSink | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
-        """`staged`: shards (id -> weights) generated and staged before a resume: only scored now."""
+        """`staged`: shards (id -> weights) generated and staged before a resume: only scored now.
+        `sink`: the actors store their rows themselves (fleet/results/direct.py); `env`: what they need for it."""
         self.model, self.manifest, self.reservation = model, manifest, reservation
-        self.take_turns, self.staging = take_turns, staging
+        self.take_turns, self.staging, self.sink = take_turns, staging, sink
         self.reference_failed = False  # its actor could not start: candidates' rows stay unscored
         # Why target `name` of this model did not pass (None: it did): what `after:` waits on. It is
         # asked once `name` has finished and every row of it is scored: its gates read them.
         self.not_passed = not_passed
         self.skipped: dict[str, str] = {}  # target -> why it was not run (`after:` did not pass)
         self.ref = manifest.reference
-        self.slots = {t.name: ActorSlot(t, model, manifest) for t in manifest.targets}
+        self.slots = {t.name: ActorSlot(t, model, manifest, env=env) for t in manifest.targets}
         for shard in plan.shards:
             if staged and shard.shard_id in staged:
                 self.stage(shard, staged[shard.shard_id])
             else:
-                self.slots[shard.target].queue.append(Generate(shard))
+                self.slots[shard.target].queue.append(Generate(shard, sink=sink))
         for probe in plan.probes:
             self.slots[probe.target].queue.append(Probe(probe))
+        for call in plan.drills:
+            self.slots[call.target].queue.append(Drill(call))
         for level in plan.perf:
             self.slots[level.target].perf_todo.append(Perf(level))
         # Targets with nothing to do (all done, e.g. on resume) never start; smoke checks are work
@@ -139,9 +150,10 @@ class AdmittedModel:
         self._handed: set[str] = set()
 
     def to_score(self, score: Score) -> bool:
-        """Queue a candidate's rows for the reference to score; False when it is gone (failed)."""
+        """Queue a candidate's rows for the reference to score; False when it is gone (failed).
+        Taking turns, rows not staged on disk (`Score.staged`) wait here for its next turn."""
         ref = self.slots[self.ref]
-        if ref.handle is None:
+        if ref.handle is None and not (self.take_turns and not self.reference_failed):
             return False
         # Scored before the reference's own next shard: a candidate's rows wait in the driver
         # only until the reference is free, so memory does not grow with the prompt count.
@@ -150,10 +162,13 @@ class AdmittedModel:
         self.unscored += 1
         return True
 
-    def stage(self, shard: Shard, weights: str) -> None:
-        """Queue a staged candidate shard for the reference to score from its stored rows."""
+    def stage(self, shard: Shard, weights: str, *, first: bool = False) -> None:
+        """Queue a staged candidate shard for the reference to score from its stored rows; `first`:
+        before the reference's own next shard, so that shards are committed as they come."""
         assert self.staging is not None  # the scheduler stages only with a staging area
-        self.slots[self.ref].queue.append(ScoreStaged(shard, weights, self.staging))
+        queue, score = self.slots[self.ref].queue, ScoreStaged(shard, weights, self.staging, sink=self.sink)
+        ahead = (i for i, w in enumerate(queue) if not isinstance(w, Describe | Smoke | Score | ScoreStaged))
+        queue.insert(next(ahead, len(queue)) if first else len(queue), score)
 
     def ended(self, work: Work) -> None:
         """`work` is done or given up: a Score's rows are no longer held for the reference."""

@@ -1,6 +1,6 @@
 """What an actor slot is fed: one class per kind of work (describe, smoke, generate, score,
-probe, perf level), each saying which call it makes to the target's actor and what should follow
-its result, or its being given up, as `Effects`.
+probe; perf levels in fleet/run/perf_work.py), each saying which call it makes to the target's
+actor and what should follow its result, or its being given up, as `Effects`.
 
 Work only says what should happen; the dispatch loop (fleet/run/scheduler.py) applies it, and
 decides everything that depends on the run's state. The loop knows only the `Work` interface: it
@@ -10,12 +10,11 @@ work is a new class here, not a new branch there.
 
 from __future__ import annotations
 
-import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from fleet.contracts import schema
+from fleet.results.direct import Written, join_scores, non_finite
 from fleet.run.manifest import probe_capability
 
 if TYPE_CHECKING:
@@ -23,12 +22,13 @@ if TYPE_CHECKING:
 
     import pyarrow as pa
 
-    from fleet.contracts.engine import Generation, PerfResult
+    from fleet.contracts.engine import Generation
     from fleet.contracts.spec import ModelSpec, Shard
     from fleet.contracts.targets import TargetArgs
+    from fleet.results.direct import DirectSink
     from fleet.results.staging import Staging
     from fleet.run.manifest import Manifest
-    from fleet.run.plan import PerfLevel, ProbeCall
+    from fleet.run.plan import ProbeCall
 
 
 class SlotView(Protocol):
@@ -65,6 +65,14 @@ class ShardRows:
 
 
 @dataclass(frozen=True)
+class ShardFiles:
+    """A shard an actor stored itself (fleet/results/direct.py), for the driver to commit."""
+
+    written: Written
+    then: Callable[[], None] | None = None  # as ShardRows.then
+
+
+@dataclass(frozen=True)
 class Effects:
     """What should follow one call's result, or its being given up. Empty: nothing."""
 
@@ -72,6 +80,8 @@ class Effects:
     smoked: bool = False  # the target's smoke checks ran: a later actor of it does not repeat them
     writes: tuple[Write, ...] = ()  # stored at once, in this order
     shard: ShardRows | None = None  # stored on a writer thread; counts as progress once written
+    committed: ShardFiles | None = None  # stored by an actor: committed on a writer thread, as `shard`
+    staged: tuple[Shard, str] | None = None  # a candidate shard an actor staged (its weights): to score
     # Follow-up work for the reference; with no reference (left) the rows are written unscored.
     score: Score | None = None
     target_failed: str | None = None  # why the whole target fails (the first reason recorded stands)
@@ -153,15 +163,24 @@ class Smoke(Work):
 
 @dataclass(frozen=True)
 class Generate(Work):
-    """A shard's prompts through the target; a candidate's rows then go to the reference to score."""
+    """A shard's prompts through the target; a candidate's rows then go to the reference to score.
+    With a `sink` the actor stores them itself (fleet/results/direct.py) and only says where."""
 
     shard: Shard
+    sink: DirectSink | None = field(default=None, compare=False, repr=False)
 
     def submit(self, slot: SlotView) -> tuple[Any, float]:
+        if self.sink is not None:
+            return slot.handle.generate_to.remote(self.shard, self.sink), slot.manifest.run.shard_timeout_s
         return slot.handle.generate.remote(self.shard), slot.manifest.run.shard_timeout_s
 
-    def on_result(self, slot: SlotView, result: Generation) -> Effects:
-        failed = f"non-finite logprobs in shard {self.shard.shard_id}" if _non_finite(result.tokens) else None
+    def on_result(self, slot: SlotView, result: Generation | Written) -> Effects:
+        bad = result.non_finite if isinstance(result, Written) else non_finite(result.tokens)
+        failed = f"non-finite logprobs in shard {self.shard.shard_id}" if bad else None
+        if isinstance(result, Written):  # stored by the actor: the reference's ready to commit
+            if result.files:
+                return Effects(committed=ShardFiles(result), target_failed=failed)
+            return Effects(staged=(self.shard, result.weights), target_failed=failed)
         if slot.target.name == slot.manifest.reference:
             return Effects(shard=ShardRows(result, result.tokens), target_failed=failed)
         return Effects(score=Score(self.shard, result), target_failed=failed)
@@ -178,14 +197,11 @@ class Score(Work):
     gen: Generation  # the candidate's rows
 
     def submit(self, slot: SlotView) -> tuple[Any, float]:
-        m = slot.manifest
-        # The precision twin scores at the candidate's dtype (a model's own dtype beats the target's).
-        dtype = next(x.dtype for x in m.models if x.name == self.shard.model) or m.target(self.shard.target).dtype
-        call = slot.handle.score.remote(self.gen.requests, k=m.sampling.logprobs, twin=dtype if m.parity.twin else None)
-        return call, m.run.shard_timeout_s
+        call = slot.handle.score.remote(self.gen.requests, **_score_options(slot.manifest, self.shard))
+        return call, slot.manifest.run.shard_timeout_s
 
     def on_result(self, slot: SlotView, result: pa.Table) -> Effects:
-        return Effects(shard=ShardRows(self.gen, _join_scores(self.gen.tokens, result)))
+        return Effects(shard=ShardRows(self.gen, join_scores(self.gen.tokens, result)))
 
     def on_abandon(self, slot: SlotView, reason: str) -> Effects:
         # The candidate's own rows stand; record that they lack the reference's columns.
@@ -196,26 +212,42 @@ class Score(Work):
         """The candidate's own rows, without the reference's columns."""
         return ShardRows(self.gen, self.gen.tokens)
 
+    # Taking turns, its rows wait for the reference on disk (fleet/results/staging.py); False: in
+    # the reference's queue, for its next turn (a few rows, nothing a resume needs).
+    staged: ClassVar[bool] = True
+
+    def without_reference(self) -> Effects:
+        """What is written when no reference is left to score with: the rows, unscored."""
+        return Effects(shard=self.unscored)
+
 
 @dataclass(frozen=True)
 class ScoreStaged(Work):
     """A candidate's shard generated while the reference was down (its model's targets take
-    turns), scored as `Score` does from its stored rows (fleet/results/staging.py), which go once
-    it is committed. The rows are read when the call is sent and again when its scores are in:
-    the driver holds none of them in between, however many shards wait."""
+    turns, or its actor stored it itself), scored as `Score` does from its stored rows
+    (fleet/results/staging.py), which go once it is committed. The rows are read when the call is
+    sent and again when its scores are in: the driver holds none of them in between, however many
+    shards wait. With a `sink` the reference reads, scores and stores them itself, the driver none."""
 
     shard: Shard
     weights: str  # what its rows are staged under
     staging: Staging = field(compare=False, repr=False)
+    sink: DirectSink | None = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:
         return "score"
 
     def submit(self, slot: SlotView) -> tuple[Any, float]:
+        if self.sink is not None:
+            options = _score_options(slot.manifest, self.shard)
+            call = slot.handle.score_staged.remote(self.sink, self.shard.shard_id, self.weights, **options)
+            return call, slot.manifest.run.shard_timeout_s
         return self._score().submit(slot)
 
-    def on_result(self, slot: SlotView, result: pa.Table) -> Effects:
+    def on_result(self, slot: SlotView, result: pa.Table | Written) -> Effects:
+        if isinstance(result, Written):
+            return Effects(committed=ShardFiles(result, then=self._drop))
         return self._dropped_once_written(self._score().on_result(slot, result))
 
     def on_abandon(self, slot: SlotView, reason: str) -> Effects:
@@ -224,10 +256,17 @@ class ScoreStaged(Work):
     def _score(self) -> Score:
         return Score(self.shard, self.staging.get(self.shard.shard_id, self.weights))
 
+    @property
+    def unscored(self) -> ShardRows:
+        """Its stored rows without the reference's columns (there is no reference to score them)."""
+        return replace(self._score().unscored, then=self._drop)
+
+    def _drop(self) -> None:
+        self.staging.drop(self.shard.shard_id, self.weights)
+
     def _dropped_once_written(self, effects: Effects) -> Effects:
         assert effects.shard is not None  # Score writes the shard, scored or not
-        drop = functools.partial(self.staging.drop, self.shard.shard_id, self.weights)
-        return replace(effects, shard=replace(effects.shard, then=drop))
+        return replace(effects, shard=replace(effects.shard, then=self._drop))
 
 
 @dataclass(frozen=True)
@@ -257,43 +296,8 @@ class Probe(Work):
         return Effects(failed_shard=(self.probe.key, reason))
 
 
-@dataclass(frozen=True)
-class Perf(Work):
-    """One concurrency level of a perf scenario; a target's levels run after its parity work."""
-
-    level: PerfLevel
-    alone_on_cpu: ClassVar[bool] = True
-
-    def submit(self, slot: SlotView) -> tuple[Any, float]:
-        scenario = self.level.scenario
-        prompts = slot.manifest.prompt_list(scenario.prompt_set) if scenario.prompt_set else None
-        return slot.handle.perf.remote(scenario, self.level.level, prompts), slot.manifest.run.shard_timeout_s
-
-    def on_result(self, slot: SlotView, result: PerfResult) -> Effects:
-        key = self.level.key
-        return Effects(
-            writes=(Write("perf_requests", key, result.requests), Write("perf_levels", key, result.level)),
-            progress=1,
-        )
-
-    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
-        return Effects(failed_shard=(self.level.key, reason), progress=1)
-
-
-def _non_finite(tokens: pa.Table) -> bool:
-    import pyarrow.compute as pc
-
-    lp = tokens.column("logprob")
-    return bool(len(lp)) and not pc.all(pc.is_finite(lp.fill_null(0.0))).as_py()
-
-
-def _join_scores(tokens: pa.Table, scores: pa.Table) -> pa.Table:
-    import polars as pl
-
-    keys = ["prompt_id", "position"]
-    joined = (
-        pl.from_arrow(tokens)
-        .drop(schema.SCORE_COLUMNS)  # type: ignore[union-attr]
-        .join(pl.from_arrow(scores), on=keys, how="left", maintain_order="left")  # type: ignore[arg-type]
-    )
-    return schema.conform(joined.to_arrow(), schema.TOKENS)
+def _score_options(manifest: Manifest, shard: Shard) -> dict[str, Any]:
+    """The reference's score call's options for a candidate's shard: its top-k, and the precision
+    twin's dtype, the candidate's (a model's own dtype beats the target's)."""
+    dtype = next(x.dtype for x in manifest.models if x.name == shard.model) or manifest.target(shard.target).dtype
+    return {"k": manifest.sampling.logprobs, "twin": dtype if manifest.parity.twin else None}

@@ -1,5 +1,7 @@
 """Writing shards on threads beside the dispatch loop: pyarrow and fsync release the GIL, so
-dispatch goes on while Parquet is encoded and synced. A run ends only when every write has."""
+dispatch goes on while Parquet is encoded and synced. A run ends only when every write has.
+A shard its actor stored itself (fleet/results/direct.py) is committed here the same way: its
+files moved into the tables, its shards row written last."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ from typing import TYPE_CHECKING
 from fleet.results import prompt_stats
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fleet.results.store import RunStore
     from fleet.run.progress import Progress
-    from fleet.run.work import ShardRows
+    from fleet.run.work import ShardFiles, ShardRows
 
 # Shards handed to the writer threads and not yet on disk: their rows are held in the driver.
 MAX_PENDING_WRITES = 16
@@ -39,6 +43,24 @@ class ShardWriter:
                 shard.then()
             self.bar.update(1, model=gen.shard.column("model")[0].as_py(), tokens=tokens.num_rows)
 
+        self._submit(write)
+
+    def commit(self, files: ShardFiles) -> None:
+        """Commit a shard an actor stored: its files into the tables, then its shards row, which
+        marks it complete exactly as `write` does (a driver killed before it: --resume redoes it)."""
+        written = files.written
+
+        def commit() -> None:
+            for ready in written.files:
+                self.store.move_in(ready)
+            self.store.write("shards", written.shard_id, written.shard)
+            if files.then is not None:
+                files.then()
+            self.bar.update(1, model=written.shard.column("model")[0].as_py(), tokens=written.tokens)
+
+        self._submit(commit)
+
+    def _submit(self, task: Callable[[], None]) -> None:
         # Finished writes are checked and let go: a million-prompt run must not keep every future.
         pending = []
         for done in self.pending:
@@ -48,7 +70,7 @@ class ShardWriter:
                 pending.append(done)
         while len(pending) >= MAX_PENDING_WRITES:  # the disk is behind: dispatch waits for it
             pending.pop(0).result()
-        self.pending = [*pending, self.pool.submit(write)]
+        self.pending = [*pending, self.pool.submit(task)]
 
     def wait(self) -> None:
         """Every shard handed over so far is on disk; a failed write (disk full, bucket gone)
