@@ -133,6 +133,13 @@ def test_bad_distributions_and_scenarios_are_named() -> None:
         scenario(input_tokens=None, prompt_set="x", send="chat")
     sc = scenario(input_tokens=NORMAL, output_tokens={"distribution": "uniform", "max": 30}, multi_turn={"turns": 3})
     assert sc.longest_request == 3 * 130 + 2 * 30 + 30
+    # With the load patterns (docs/metrics.md): a turn waits for the previous one within one client's run.
+    sweep = {"sweep": {"floor_rps": 1, "steps": 1}, "slo": {"ttft_s": 1}}
+    for combined in ({"clients": 2, "concurrency": [2]}, sweep):
+        with pytest.raises(ValidationError, match=r"multi_turn sends each turn after the previous one .* clients: 1"):
+            scenario(multi_turn={"turns": 2}, **combined)
+    swept = scenario(shared_prefix={"groups": 2, "prefix_tokens": 8}, **sweep)  # fresh requests for every probe
+    assert workloads.measured_count(swept) == 12 * swept.sweep.runs
 
 
 def test_too_short_for_the_chat_template_is_one_clear_error(plain: Any) -> None:
@@ -200,6 +207,12 @@ def test_trace_rows_and_errors_name_file_line_and_field(tmp_path: Path) -> None:
             {"name": "t", "concurrency": [1], "trace": "t.jsonl", "output_tokens": 4, "num_requests": 2},
             context={"base_dir": tmp_path},
         )
+    for pattern in ({"request_rate": 2.0}, {"ramp": {"strategy": "linear", "start_rps": 1, "end_rps": 2}}):
+        with pytest.raises(ValidationError, match="a trace's requests are due at the trace's own offsets"):
+            Scenario.model_validate(
+                {"name": "t", "concurrency": [1], "trace": "t.jsonl", "output_tokens": 4, "num_requests": 1} | pattern,
+                context={"base_dir": tmp_path},
+            )
 
 
 class StubServer:
