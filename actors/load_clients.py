@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from actors.arrivals import split, split_level
@@ -33,6 +34,7 @@ from actors.loadgen import Sent, send
 if TYPE_CHECKING:
     from actors.loadgen import Send
     from actors.openai_http import OpenAIHttp
+    from actors.workloads import Request
 
 START_LEAD_S = 0.5  # from choosing the shared start to it: time for every client to receive its part
 READY_TIMEOUT_S = 120.0
@@ -51,7 +53,7 @@ class LoadClient:
 
     def send(
         self,
-        prompts: list[list[int]],
+        prompts: Sequence[list[int] | Request],
         offsets: list[float] | None,
         indices: list[int],
         level: int,
@@ -64,8 +66,8 @@ class LoadClient:
         async def run() -> Sent:
             async with self.http.session(0) as session:
 
-                def stream(ids: list[int], n: int) -> Any:
-                    return self.http.stream(session, ids, n)
+                def stream(ids: list[int], n: int, **options: Any) -> Any:
+                    return self.http.stream(session, ids, n, **options)
 
                 return await send(
                     stream, prompts, max_tokens, level=level, offsets=offsets, indices=indices,
@@ -99,7 +101,9 @@ class Clients:
             )
             raise RuntimeError(msg) from None
 
-    async def send(self, prompts: list[list[int]], offsets: list[float] | None, level: int, max_tokens: int) -> Sent:
+    async def send(
+        self, prompts: Sequence[list[int] | Request], offsets: list[float] | None, level: int, max_tokens: int
+    ) -> Sent:
         """Run one batch: client j takes every k-th request of the schedule and 1/k of the level."""
         k = len(self.actors)
         parts, caps = split(list(range(len(prompts))), k), split_level(level, k)

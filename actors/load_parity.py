@@ -37,10 +37,10 @@ class _Counted:
     def __init__(self, stream: Stream) -> None:
         self._stream, self.in_flight = stream, 0
 
-    async def stream(self, ids: list[int], max_tokens: int) -> AsyncGenerator[Chunk, None]:
+    async def stream(self, ids: list[int], max_tokens: int, **options: Any) -> AsyncGenerator[Chunk, None]:
         self.in_flight += 1
         try:
-            async with contextlib.aclosing(self._stream(ids, max_tokens)) as chunks:
+            async with contextlib.aclosing(self._stream(ids, max_tokens, **options)) as chunks:
                 async for chunk in chunks:
                     yield chunk
         finally:

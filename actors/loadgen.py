@@ -1,11 +1,14 @@
-"""The load generator of the perf scenarios: synthetic prompts of an exact token length,
-and the asyncio loop that turns an engine's token stream into per-request latency rows.
+"""The load generator of the perf scenarios: the asyncio loop that sends a level's requests
+(actors/workloads.py builds them) on the scenario's schedule (actors/arrivals.py, or a trace's own
+times) and turns an engine's token stream into per-request latency rows.
 
 It is engine-neutral: an engine hands `measure_level` a `stream(prompt_token_ids, max_tokens)`
 callable yielding `Chunk`s (how many new tokens each carries, and at the end the engine's own
-figures). Every chunk is stamped with time.perf_counter as the client receives it. A chunk of k
-tokens counts as k tokens, each after gap/k: load testers that count one token per chunk (or
-charge the whole gap to one token) overstate inter-token latency whenever the server batches.
+figures and its count of the prompt), plus keyword options only where a scenario needs them
+(`Request.send_options`: free output, text or chat messages). Every chunk is stamped with
+time.perf_counter as the client receives it. A chunk of k tokens counts as k tokens, each after
+gap/k: load testers that count one token per chunk (or charge the whole gap to one token)
+overstate inter-token latency whenever the server batches.
 """
 
 from __future__ import annotations
@@ -13,14 +16,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import random
-import statistics
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from actors.arrivals import scenario_schedule
+
+# encode, prompt_ids, check_fits, level_seed and synthetic_prompts are named here by engines and tests
+# (actors/workloads.py has them).
+from actors.workloads import (  # noqa: F401
+    Request,
+    as_request,
+    check_fits,
+    encode,
+    fixed_output,
+    level_requests,
+    level_seed,
+    prompt_ids,
+    synthetic_prompts,
+    trace_offsets,
+)
 from fleet.contracts.engine import Chunk, EngineStats, PerfResult
 
 if TYPE_CHECKING:
@@ -29,80 +45,13 @@ if TYPE_CHECKING:
     from fleet.contracts.spec import Scenario
 
 
-Stream = Callable[[list[int], int], AsyncGenerator[Chunk, None]]
+# stream(ids, max_tokens, **Request.send_options()): the options only where a scenario needs them.
+Stream = Callable[..., AsyncGenerator[Chunk, None]]
 # Called in the event loop as each measured request is sent, with its index: what else a level
 # sends beside its load hooks in here (parity under load, actors/load_parity.py).
 OnSend = Callable[[int], None]
-
-
-def synthetic_prompts(tokenizer: Any, *, n: int, length: int, seed: int) -> list[list[int]]:
-    """`n` prompts of exactly `length` token ids, the same for the same tokenizer and seed.
-
-    Ids are drawn uniformly from the non-special vocabulary after the BOS token the tokenizer
-    would add itself, so prompts look like tokenized text to the engine and share no prefix
-    beyond BOS (prefix caching cannot turn prefill into a cache hit).
-    """
-    special = set(tokenizer.all_special_ids)
-    pool = [i for i in range(len(tokenizer)) if i not in special]
-    bos = tokenizer.bos_token_id
-    head = [bos] if bos is not None and tokenizer("a").input_ids[:1] == [bos] else []
-    rng = random.Random(seed)
-    return [(head + [rng.choice(pool) for _ in range(length)])[:length] for _ in range(n)]
-
-
-def encode(tokenizer: Any, prompt: str | Prompt) -> list[int]:
-    """Token ids of a text prompt, or of chat messages through the model's chat template."""
-    if isinstance(prompt, str) or prompt.messages is None:
-        text = prompt if isinstance(prompt, str) else prompt.prompt
-        return list(tokenizer(text).input_ids)
-    messages = [m.model_dump() for m in prompt.messages]
-    # As the HF reference renders chat: the template's text, tokenized without adding specials again.
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
-
-
-def level_seed(scenario: Scenario, level: int) -> int:
-    """The seed of one level's synthetic prompts: each level sends fresh prompts, so a later level
-    never finds an earlier level's prompts in the prefix cache."""
-    return scenario.seed + 7919 * level
-
-
-def _measured_count(scenario: Scenario) -> int:
-    """Measured requests of one level: num_requests per run, a sweep's runs each with fresh prompts."""
-    return scenario.num_requests * (scenario.sweep.runs if scenario.sweep else 1)
-
-
-def prompt_ids(
-    scenario: Scenario, tokenizer: Any, prompts: Sequence[str | Prompt] | None = None, *, level: int
-) -> tuple[list[list[int]], list[list[int]]]:
-    """(measured, warm-up) prompt token ids for one concurrency level. Warm-up prompts are always
-    synthetic (a different seed), so they never leave the measured prompts in the prefix cache.
-    A prompt-set scenario sends the set's own prompts at every level (turn prefix caching off in
-    `engine_args` to keep later levels from hitting it)."""
-    seed = level_seed(scenario, level)
-    if scenario.input_tokens is not None:
-        length = scenario.input_tokens
-        measured = synthetic_prompts(tokenizer, n=_measured_count(scenario), length=length, seed=seed)
-    else:
-        if not prompts:
-            msg = f"scenario {scenario.name!r} uses prompt set {scenario.prompt_set!r}: pass its prompts"
-            raise ValueError(msg)
-        encoded = [encode(tokenizer, p) for p in prompts]
-        measured = [encoded[i % len(encoded)] for i in range(_measured_count(scenario))]
-        length = int(statistics.median(len(ids) for ids in encoded))
-    warmup = synthetic_prompts(tokenizer, n=scenario.warmup_requests, length=length, seed=seed + 1_000_003)
-    return measured, warmup
-
-
-def check_fits(scenario: Scenario, prompts: list[list[int]], max_model_len: int) -> None:
-    """Fail before sending anything when a request cannot fit the engine's context."""
-    longest = max((len(p) for p in prompts), default=0) + scenario.output_tokens
-    if longest > max_model_len:
-        msg = (
-            f"scenario {scenario.name!r}: prompt + output reach {longest} tokens, "
-            f"more than the target's max_model_len {max_model_len}"
-        )
-        raise ValueError(msg)
+# The engine's prefix-cache counters (queries, hits) in tokens, or None where it reports none.
+CacheCounters = Callable[[], Awaitable["tuple[int, int] | None"]]
 
 
 def prepare_level(
@@ -115,14 +64,19 @@ def prepare_level(
     max_model_len: int | None,
 ) -> Callable[..., Coroutine[Any, Any, PerfResult]]:
     """Tokenize one level's prompts and check them against the context now, before anything is
-    sent; return `measure(stream, send=None, on_send=None)`, which runs the level (`measure_level`)."""
-    measured, warmup = prompt_ids(scenario, tokenizer, prompts, level=level)
+    sent; return `measure(stream, send=None, on_send=None, *, cache=None)`, which runs the level
+    (`measure_level`)."""
+    measured, warmup = level_requests(scenario, tokenizer, prompts, level=level)
     if max_model_len:
         check_fits(scenario, measured + warmup, max_model_len)
     model, target = engine.model, engine.args.name
 
     def measure(
-        stream: Stream | None, send: Send | None = None, on_send: OnSend | None = None
+        stream: Stream | None,
+        send: Send | None = None,
+        on_send: OnSend | None = None,
+        *,
+        cache: CacheCounters | None = None,
     ) -> Coroutine[Any, Any, PerfResult]:
         return measure_level(
             stream,
@@ -135,6 +89,7 @@ def prepare_level(
             target=target,
             send=send,
             on_send=on_send,
+            cache=cache,
         )
 
     return measure
@@ -151,7 +106,9 @@ class Timing:
 
     index: int
     scheduled: float
-    n_prompt: int
+    n_prompt: int  # the engine's own count of the prompt where it reports one, else the ids sent
+    requested_input: int | None = None  # what the workload asked for (actors/workloads.py Request)
+    requested_output: int | None = None
     ready: float = 0.0  # when it could go: due, and a slot free
     sent: float | None = None
     ended: float | None = None
@@ -187,15 +144,18 @@ class Sent:
     client_cpu_s: float
     clients: int = 1
     hostname: str | None = None  # the clients' nodes; None: this one
+    prefix_cache: tuple[int, int] | None = None  # the engine's prefix-cache (queries, hits) during the run
 
 
-async def _one(stream: Stream, ids: list[int], max_tokens: int, t: Timing) -> None:
+async def _one(stream: Stream, r: Request, t: Timing) -> None:
     t.sent = _now()
-    async with contextlib.aclosing(stream(ids, max_tokens)) as chunks:
+    async with contextlib.aclosing(stream(r.ids, r.max_tokens, **r.send_options())) as chunks:
         async for chunk in chunks:
             now = _now()
             if chunk.stats is not None:
                 t.stats = chunk.stats
+            if chunk.n_prompt_tokens is not None:
+                t.n_prompt = chunk.n_prompt_tokens
             if chunk.n_tokens <= 0:
                 continue
             # Tokens beyond the first in the first chunk arrived with it: gap 0. Later chunks spread
@@ -210,7 +170,7 @@ async def _one(stream: Stream, ids: list[int], max_tokens: int, t: Timing) -> No
 
 async def send(
     stream: Stream,
-    prompts: list[list[int]],
+    prompts: Sequence[list[int] | Request],
     max_tokens: int,
     *,
     level: int,
@@ -223,7 +183,8 @@ async def send(
     """Send `prompts` with at most `level` in flight, each due at its `offsets` entry (seconds from
     the start; None: a closed loop, each due when a slot frees). `indices` number the requests (default
     0..n-1); `start_at` (wall clock) is a start shared with other clients (default: now); `on_send(i)`
-    as the i-th is sent."""
+    as the i-th is sent. Bare ids ask for exactly `max_tokens` tokens; a `Request` carries its own, and
+    one with `after` (a multi-turn turn) waits for that earlier request of `prompts` to be answered."""
     if start_at is not None:
         await asyncio.sleep(max(0.0, start_at - time.time()))
     cpu0, start, started_at = time.thread_time(), _now(), time.time() if start_at is None else start_at
@@ -233,39 +194,57 @@ async def send(
         free_at.put_nowait(start)
     timings: list[Timing] = []
     tasks: list[asyncio.Task[None]] = []
+    requests = [as_request(p, max_tokens) for p in prompts]
+    answered = [asyncio.Event() for _ in requests]
 
-    async def run(ids: list[int], t: Timing) -> None:
+    async def run(position: int, r: Request, t: Timing) -> None:
         try:
-            await _one(stream, ids, max_tokens, t)
+            if r.after is not None:  # due once the previous turn is answered
+                await answered[r.after].wait()
+                t.scheduled = max(t.scheduled, timings[r.after].ended or t.scheduled)
+                t.ready = max(t.ready, t.scheduled)
+            await _one(stream, r, t)
         except Exception as e:  # noqa: BLE001  (a failed request is a row, not the end of the level)
             t.error = f"{type(e).__name__}: {e}"[:500]
         finally:
             t.ended = _now()
+            answered[position].set()
             free_at.put_nowait(t.ended)
 
-    for i, ids in enumerate(prompts):
+    for i, r in enumerate(requests):
         due = start + offsets[i] if offsets is not None else start
         if offsets is not None:
             await asyncio.sleep(max(0.0, due - _now()))
         freed = await free_at.get()
         index = indices[i] if indices is not None else i
-        t = Timing(index=index, scheduled=due if offsets is not None else freed, n_prompt=len(ids), client=client)
+        t = Timing(
+            index=index,
+            scheduled=due if offsets is not None else freed,
+            n_prompt=len(r.ids),
+            requested_input=r.requested_input,
+            requested_output=r.requested_output,
+            client=client,
+        )
         t.ready = max(due, freed)
         timings.append(t)
-        tasks.append(asyncio.create_task(run(ids, t)))
+        tasks.append(asyncio.create_task(run(i, r, t)))
         if on_send is not None:
             on_send(i)
     await asyncio.gather(*tasks)
     return Sent([t.shifted(start) for t in timings], started_at, time.thread_time() - cpu0)
 
 
-Send = Callable[[list[list[int]], "list[float] | None", int, int], Awaitable[Sent]]
+# send(requests, offsets, level, max_tokens): one run of a level, in this process (`local`) or over
+# client actors (actors/load_clients.py); max_tokens for bare ids only (a Request has its own).
+Send = Callable[[Sequence["list[int] | Request"], "list[float] | None", int, int], Awaitable[Sent]]
 
 
 def local(stream: Stream, *, on_send: OnSend | None = None) -> Send:
     """A `Send` that runs in this process on `stream` (actors/load_clients.py spreads one over actors)."""
 
-    def run(prompts: list[list[int]], offsets: list[float] | None, level: int, max_tokens: int) -> Awaitable[Sent]:
+    def run(
+        prompts: Sequence[list[int] | Request], offsets: list[float] | None, level: int, max_tokens: int
+    ) -> Awaitable[Sent]:
         return send(stream, prompts, max_tokens, level=level, offsets=offsets, on_send=on_send)
 
     return run
@@ -276,19 +255,23 @@ async def measure_level(
     scenario: Scenario,
     level: int,
     *,
-    prompts: list[list[int]],
-    warmup: list[list[int]],
+    prompts: Sequence[list[int] | Request],
+    warmup: Sequence[list[int] | Request],
     model: str,
     model_weights: str,
     target: str,
     send: Send | None = None,
     on_send: OnSend | None = None,
+    cache: CacheCounters | None = None,
 ) -> PerfResult:
     """Warm up (unrecorded, closed loop), then send `prompts` on the scenario's schedule at `level`
     (a sweep: several runs, actors/sweep.py), on `stream` in this process or through `send`
     (several client processes, actors/load_clients.py); `on_send(i)` as the i-th measured request is
-    sent (in this process only: parity under load rides one client's event loop)."""
+    sent (in this process only: parity under load rides one client's event loop); `cache` reads the
+    engine's prefix-cache counters before and after each measured run. A trace's requests are due at
+    the trace's own offsets, in place of the scenario's arrival pattern."""
     from actors import sweep
+    from actors.cache_stats import counted
 
     if send is not None and on_send is not None:
         msg = f"scenario {scenario.name!r}: parity under load needs the load sent from the engine's actor (clients: 1)"
@@ -297,8 +280,8 @@ async def measure_level(
         assert stream is not None, "measure_level needs a stream or a send"
         send = local(stream)
     run = send
-    measured_run = run if on_send is None or stream is None else local(stream, on_send=on_send)
-    out = scenario.output_tokens
+    measured_run = counted(run if on_send is None or stream is None else local(stream, on_send=on_send), cache)
+    out = fixed_output(scenario)
     warm = (await run(warmup, None, level, out)).timings
     if failed := [t.error for t in warm if t.error]:
         msg = f"scenario {scenario.name!r} level {level}: warm-up request failed: {failed[0]}"
@@ -306,7 +289,8 @@ async def measure_level(
     keys = {"model": model, "model_weights": model_weights, "target": target, "scenario": scenario.name, "level": level}
     if scenario.sweep is not None:
         return await sweep.search(measured_run, scenario, level, prompts=prompts, keys=keys)
-    sent = await measured_run(prompts, scenario_schedule(scenario, len(prompts)), level, out)
+    offsets = trace_offsets(prompts)
+    sent = await measured_run(prompts, offsets or scenario_schedule(scenario, len(prompts)), level, out)
     return tables(keys, scenario.request_rate, sent)
 
 
@@ -350,6 +334,8 @@ def tables(keys: dict[str, Any], rate: float | None, sent: Sent, *, probe: int =
                 "probe": probe,
                 "send_lag_s": since(t.sent, t.ready),
                 "client": t.client,
+                "requested_prompt_tokens": t.requested_input,
+                "requested_output_tokens": t.requested_output,
             }
         )
     level_row = keys | {
@@ -362,6 +348,8 @@ def tables(keys: dict[str, Any], rate: float | None, sent: Sent, *, probe: int =
         "probe": probe,
         "clients": sent.clients,
         "client_cpu_s": sent.client_cpu_s,
+        "prefix_cache_queries": sent.prefix_cache[0] if sent.prefix_cache else None,
+        "prefix_cache_hits": sent.prefix_cache[1] if sent.prefix_cache else None,
     }
     requests = pa.Table.from_pylist(rows, schema=schema.PERF_REQUESTS) if rows else schema.PERF_REQUESTS.empty_table()
     return PerfResult(requests, pa.Table.from_pylist([level_row], schema=schema.PERF_LEVELS))

@@ -86,7 +86,7 @@ class OpenAIEngine(Engine):
 
     def _request(self, prompt: Prompt) -> tuple[str, dict[str, Any], list[int] | None]:
         """(route, body, ids sent or None): chat prompts go to chat/completions unless sending ids."""
-        from actors.loadgen import encode
+        from actors.workloads import encode
 
         s = self.sampling
         body: dict[str, Any] = {"max_tokens": s.max_tokens, "temperature": s.temperature, "seed": s.seed}
@@ -245,13 +245,19 @@ class OpenAIEngine(Engine):
             from actors.load_clients import spread
 
             send, clients = spread(self.http, scenario.clients, client_cpus=scenario.client_cpus)
+
+            async def spread_run() -> PerfResult:
+                async with self.http.session(0) as session:  # the driver's: only the prefix-cache counters
+                    return await measure(None, send, cache=functools.partial(self.http.prefix_cache, session))
+
             try:
-                return asyncio.run(measure(None, send))
+                return asyncio.run(spread_run())
             finally:
                 clients.close()
 
         async def run() -> PerfResult:
             async with self.http.session(0) as session:  # 0: no connection cap, the level is the cap
+                cache = functools.partial(self.http.prefix_cache, session)
 
                 async def complete(prompt: Prompt) -> Completion:
                     route, body, sent = self._request(prompt)
@@ -261,8 +267,8 @@ class OpenAIEngine(Engine):
 
                 stream = functools.partial(self.http.stream, session)
                 return await run_level(
-                    measure, stream, engine=self, scenario=scenario, level=level, prompts=parity_prompts,
-                    complete=complete,
+                    functools.partial(measure, cache=cache), stream, engine=self, scenario=scenario, level=level,
+                    prompts=parity_prompts, complete=complete,
                 )  # fmt: skip
 
         return asyncio.run(run())

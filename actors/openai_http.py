@@ -112,19 +112,46 @@ class OpenAIHttp:
 
         return asyncio.run(run())
 
+    async def prefix_cache(self, session: aiohttp.ClientSession) -> tuple[int, int] | None:
+        """The server's prefix-cache counters from GET /metrics beside /v1 (actors/cache_stats.py);
+        None when it has no such endpoint or no such counters."""
+        import aiohttp
+
+        from actors.cache_stats import from_prometheus
+
+        root = self.base_url.removesuffix("/v1")
+        try:
+            async with session.get(f"{root}/metrics") as resp:
+                if resp.status != 200:
+                    return None
+                return from_prometheus(await resp.text(), model=self.model or None)
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
     async def stream(
-        self, session: aiohttp.ClientSession, ids: list[int], max_tokens: int
+        self,
+        session: aiohttp.ClientSession,
+        ids: list[int],
+        max_tokens: int,
+        *,
+        ignore_eos: bool = True,
+        text: str | None = None,
+        messages: list[dict[str, str]] | None = None,
     ) -> AsyncGenerator[Chunk, None]:
-        """Greedy completion of prompt `ids` over SSE, `max_tokens` tokens whatever the EOS: one Chunk
-        per event that carries tokens; the engine's own figures when the server sends them."""
+        """Greedy completion of prompt `ids` over SSE, `max_tokens` tokens whatever the EOS (with
+        `ignore_eos`; else at most): one Chunk per event that carries tokens; the engine's own figures
+        and its count of the prompt when the server sends them. With `text` the prompt goes as that
+        text; with `messages` to chat/completions (actors/exact_text.py built both to `ids`' length)."""
         from fleet.contracts.engine import Chunk, EngineStats
 
-        body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0}
-        body |= {"ignore_eos": True, "stream": True, "return_token_ids": True}
+        route = "chat/completions" if messages is not None else "completions"
+        prompt: dict[str, Any] = {"messages": messages} if messages is not None else {"prompt": text or ids}
+        body = {"model": self.model, **prompt, "max_tokens": max_tokens, "temperature": 0}
+        body |= {"ignore_eos": ignore_eos, "stream": True, "return_token_ids": True}
         body |= {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-        async with session.post(f"{self.base_url}/completions", json=body) as resp:
+        async with session.post(f"{self.base_url}/{route}", json=body) as resp:
             if resp.status != 200:
-                raise self.error("completions", resp.status, await resp.text())
+                raise self.error(route, resp.status, await resp.text())
             counted = 0
             async for raw in resp.content:
                 line = raw.strip()
@@ -132,15 +159,15 @@ class OpenAIHttp:
                     continue
                 msg = json.loads(line[5:])
                 if "error" in msg:
-                    raise self.error("completions", resp.status, json.dumps(msg))
+                    raise self.error(route, resp.status, json.dumps(msg))
                 choices, usage = msg.get("choices") or [], msg.get("usage") or {}
                 # Count tokens per chunk: token ids when the server sends them, else running usage.
                 if choices and choices[0].get("token_ids") is not None:
                     n = len(choices[0]["token_ids"])
                 elif "completion_tokens" in usage:
                     n = usage["completion_tokens"] - counted
-                elif choices:
-                    raise self.error("completions", 200, "stream chunks carry neither token_ids nor usage")
+                elif choices and _has_text(choices[0]):
+                    raise self.error(route, 200, "stream chunks carry neither token_ids nor usage")
                 else:
                     n = 0
                 counted += n
@@ -150,5 +177,12 @@ class OpenAIHttp:
                     stats = EngineStats(
                         seconds(m, "queue_time_ms"), seconds(m, "time_to_first_token_ms"), seconds(m, "mean_itl_ms")
                     )
-                if n or stats:
-                    yield Chunk(n, stats)
+                prompt_tokens = usage.get("prompt_tokens") if not choices else None
+                if n or stats or prompt_tokens is not None:
+                    yield Chunk(n, stats, prompt_tokens)
+
+
+def _has_text(choice: dict[str, Any]) -> bool:
+    """Whether a stream choice carries generated text (a chat stream's first chunk carries only the role)."""
+    delta = choice.get("delta")
+    return bool(choice.get("text") or (delta or {}).get("content"))

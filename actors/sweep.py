@@ -14,18 +14,21 @@ perf_requests and perf_levels, its rate in request_rate), so the curve recompute
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from actors.arrivals import scenario_schedule
+from actors.workloads import fixed_output
 
 if TYPE_CHECKING:
     from actors.loadgen import Send
+    from actors.workloads import Request
     from fleet.contracts.engine import PerfResult
     from fleet.contracts.spec import Scenario
 
 
 async def search(
-    run: Send, scenario: Scenario, level: int, *, prompts: list[list[int]], keys: dict[str, Any]
+    run: Send, scenario: Scenario, level: int, *, prompts: Sequence[list[int] | Request], keys: dict[str, Any]
 ) -> PerfResult:
     """Run the sweep's probes at `level` (each `scenario.num_requests` of `prompts`, in turn); every
     probe's rows, concatenated."""
@@ -35,7 +38,7 @@ async def search(
     from fleet.contracts.engine import PerfResult
 
     assert scenario.sweep is not None and scenario.slo is not None
-    sweep, slo, n, out = scenario.sweep, scenario.slo, scenario.num_requests, scenario.output_tokens
+    sweep, slo, n, out = scenario.sweep, scenario.slo, scenario.num_requests, fixed_output(scenario)
     results: list[PerfResult] = []
 
     async def probe(rate: float | None) -> tuple[float, float]:

@@ -168,9 +168,11 @@ class TestDoubleEngine(Engine):
         rng = random.Random(level_seed(scenario, level))
         vocab = self.args.vocab_size
         if scenario.input_tokens is not None:
-            measured = [
-                [rng.randrange(vocab) for _ in range(scenario.input_tokens)] for _ in range(scenario.num_requests)
-            ]
+            if not isinstance(scenario.input_tokens, int):
+                msg = "the test double sends prompts of one fixed length (input_tokens: N), not a distribution"
+                raise ValueError(msg)
+            length = scenario.input_tokens
+            measured = [[rng.randrange(vocab) for _ in range(length)] for _ in range(scenario.num_requests)]
         else:
             words = [(p.prompt or p.id).split() for p in prompts or []]
             encoded = [[zlib.crc32(w.encode()) % vocab for w in ws] for ws in words] or [[0]]

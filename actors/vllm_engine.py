@@ -204,7 +204,9 @@ class VllmEngine(Engine):
         (actors/vllm_stream.py): no second engine (~1.9 GB each, docs/platform.md).
         """
         import asyncio
+        import functools
 
+        from actors.cache_stats import from_engine
         from actors.load_parity import run_level
         from actors.loadgen import encode, prepare_level
 
@@ -212,6 +214,9 @@ class VllmEngine(Engine):
         max_len = engine.model_config.max_model_len
         measure = prepare_level(self, scenario, level, prompts, tokenizer=self.tokenizer, max_model_len=max_len)
         bridge = StepBridge(engine)
+
+        async def cache() -> tuple[int, int] | None:
+            return from_engine(engine)
 
         async def complete(prompt: Prompt) -> Completion:
             # Rendered as the HF reference renders it (chat through the template), so that prompt
@@ -221,8 +226,9 @@ class VllmEngine(Engine):
 
         def load(stream: Any) -> PerfResult:
             run = run_level(
-                measure, stream, engine=self, scenario=scenario, level=level, prompts=parity_prompts, complete=complete
-            )
+                functools.partial(measure, cache=cache), stream, engine=self, scenario=scenario, level=level,
+                prompts=parity_prompts, complete=complete,
+            )  # fmt: skip
             return asyncio.run(run)
 
         return bridge.run(load)

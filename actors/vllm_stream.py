@@ -34,7 +34,11 @@ class StepBridge:
         self.ids = iter(range(1 << 62))
         self.failed: BaseException | None = None
 
-    async def stream(self, prompt_token_ids: list[int], max_tokens: int) -> AsyncGenerator[Chunk, None]:
+    async def stream(
+        self, prompt_token_ids: list[int], max_tokens: int, *, ignore_eos: bool = True, **as_sent: Any
+    ) -> AsyncGenerator[Chunk, None]:
+        """The engine's DELTA outputs for `prompt_token_ids` as Chunks. `as_sent` (the text or chat
+        messages an HTTP target would get) is not needed: the ids are what they render to."""
         import asyncio
 
         from fleet.contracts.engine import Chunk
@@ -44,7 +48,7 @@ class StepBridge:
         self.outputs[rid] = (asyncio.get_running_loop(), inbox)
         if self.failed is not None:  # checked after registering: see _fail
             raise self.failed
-        self.commands.put(("add", (rid, prompt_token_ids, _delta(max_tokens))))
+        self.commands.put(("add", (rid, prompt_token_ids, _delta(max_tokens, ignore_eos=ignore_eos))))
         finished = False
         try:
             while not finished:
@@ -53,7 +57,10 @@ class StepBridge:
                     raise out
                 finished = out.finished
                 n = len(out.outputs[0].token_ids)
-                yield Chunk(n, request_stats(out.metrics) if finished else None)
+                if finished:
+                    yield Chunk(n, request_stats(out.metrics), len(out.prompt_token_ids or prompt_token_ids))
+                else:
+                    yield Chunk(n)
         finally:
             self.outputs.pop(rid, None)
             if not finished:
@@ -162,12 +169,15 @@ class StepBridge:
             self.engine.step()
 
 
-def _delta(max_tokens: int) -> Any:
-    """The load's sampling: greedy, exactly `max_tokens` tokens, streamed as DELTA outputs."""
+def _delta(max_tokens: int, *, ignore_eos: bool = True) -> Any:
+    """The load's sampling: greedy, `max_tokens` tokens (exactly, unless `ignore_eos` is off: a
+    workload with free output lengths), streamed as DELTA outputs."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    return SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos, output_kind=RequestOutputKind.DELTA
+    )
 
 
 def request_stats(metrics: Any, n_tokens: int | None = None) -> EngineStats:

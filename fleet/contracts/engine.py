@@ -133,10 +133,12 @@ class EngineStats:
 
 @dataclass(frozen=True)
 class Chunk:
-    """One piece of a stream: `n_tokens` new tokens; the last may carry the engine's stats."""
+    """One piece of a stream: `n_tokens` new tokens; the last may carry the engine's stats and its
+    own count of the prompt's tokens (a server's usage.prompt_tokens: what a text or chat prompt became)."""
 
     n_tokens: int
     stats: EngineStats | None = None
+    n_prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ LIST_BUDGET = 240  # a list of names longer than this is not shown whole (a mess
 # dashes (`function-after[...]`, `constrained-str`), a class name (field names are snake_case), or
 # a core type name. Keys the user wrote (a prompt set `smollm-six`) are recognised as keys first.
 _TAG = re.compile(r"[\[\](),-]|^[A-Z]|^(str|int|float|bool|bytes|none)$")
+_KEYED = ("extra_forbidden", "missing")  # errors whose location ends with a key, never a tag
 _LOST = object()  # the raw data could not be followed this far
 
 
@@ -52,7 +53,9 @@ def relevant(errors: Sequence[Any]) -> list[Any]:
     merged: dict[tuple[Any, ...], Any] = {}
     for err in errors:
         loc = tuple(err["loc"])
-        if not loc or not isinstance(loc[-1], str) or not _TAG.search(loc[-1]):
+        # An unknown or missing key ends its location with the key itself (a prompt set `smollm-six`
+        # looks like a tag): only a "wrong type" error ends with a union member's tag.
+        if not loc or not isinstance(loc[-1], str) or err["type"] in _KEYED or not _TAG.search(loc[-1]):
             out.append(err)
             continue
         prefix = loc[:-1]

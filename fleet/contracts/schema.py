@@ -176,7 +176,7 @@ NAMES_PAGE = "docs/metrics.md"
 
 def documented_tables() -> dict[str, pa.Schema]:
     """Every table the docs document: the stored ones and the perf summary computed from them."""
-    return all_tables() | {"perf": PERF_SUMMARY}
+    return all_tables() | {"perf": PERF_SUMMARY, "perf_lengths": PERF_LENGTHS}
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -276,13 +276,23 @@ PERF_REQUESTS = _schema(
         pa.field("tpot_s", pa.float64(), metadata={"doc": "(last - first token) / (n - 1) (client); null if <2"}),
         pa.field("e2e_s", pa.float64(), metadata={"doc": "send to last token (client)"}),
         pa.field("itl_s", pa.list_(pa.float64()), metadata={"doc": "n-1 inter-token gaps; a k-token chunk: k x gap/k"}),
-        pa.field("n_prompt_tokens", pa.int32(), metadata={"doc": "tokens sent"}),
+        pa.field("n_prompt_tokens", pa.int32(), metadata={"doc": "prompt tokens the engine saw (its own count)"}),
         pa.field("n_output_tokens", pa.int32(), metadata={"doc": "tokens received"}),
         pa.field("n_chunks", pa.int32(), metadata={"doc": "stream chunks that carried tokens"}),
         pa.field("engine_queue_s", pa.float64(), metadata={"doc": "engine: queued to scheduled"}),
         pa.field("engine_ttft_s", pa.float64(), metadata={"doc": "engine: scheduled to first token"}),
         pa.field("engine_tpot_s", pa.float64(), metadata={"doc": "engine: (last - first token) / (n - 1)"}),
         pa.field("error", pa.string(), metadata={"doc": "why the request failed; null if it completed"}),
+        pa.field(
+            "requested_prompt_tokens",
+            pa.int32(),
+            metadata={"doc": "prompt tokens the scenario asked for; null: a prompt set's or trace's text"},
+        ),
+        pa.field(
+            "requested_output_tokens",
+            pa.int32(),
+            metadata={"doc": "output tokens asked for (ignore_eos); null: free output, max_tokens a cap"},
+        ),
         _PROBE,
         pa.field("send_lag_s", pa.float64(), metadata={"doc": "sent - when it could go (due, and a slot free): "
             "the client behind its own schedule"}),
@@ -300,6 +310,12 @@ PERF_LEVELS = _schema(
         pa.field("started_at", pa.timestamp("us", tz="UTC"), metadata={"doc": "level start (wall clock)"}),
         pa.field("wall_s", pa.float64(), metadata={"doc": "level start to the last request done"}),
         pa.field("hostname", pa.string(), metadata={"doc": "node that ran the load generator"}),
+        pa.field(
+            "prefix_cache_queries",
+            pa.int64(),
+            metadata={"doc": "prompt tokens the engine looked up in its prefix cache; null: it reports none"},
+        ),
+        pa.field("prefix_cache_hits", pa.int64(), metadata={"doc": "of which found cached (measured requests only)"}),
         _PROBE,
         pa.field("clients", pa.int32(), metadata={"doc": "client processes that sent the load (null: 1)"}),
         pa.field("client_cpu_s", pa.float64(), metadata={"doc": "CPU seconds of the client's event-loop thread "
@@ -372,6 +388,29 @@ PERF_SUMMARY = _schema(
             "pace: send_lag_p99_s > 0.025 or client_cpu_share > 0.9"}),
     ],
 )  # fmt: skip
+
+# Requested against actual token counts and the prefix-cache hit rate per level
+# (fleet/analysis/workload.py), computed when read like the perf summary.
+PERF_LENGTHS = _schema(
+    "perf_lengths",
+    [
+        *_PERF_KEYS,
+        pa.field("n_completed", pa.int64(), metadata={"doc": "completed requests"}),
+        pa.field("requested_input_mean", pa.float64(), metadata={"doc": "mean prompt tokens asked for"}),
+        pa.field("input_tokens_mean", pa.float64(), metadata={"doc": "mean prompt tokens the engine counted"}),
+        pa.field("requested_output_mean", pa.float64(), metadata={"doc": "mean output tokens asked for (ignore_eos)"}),
+        pa.field("output_tokens_mean", pa.float64(), metadata={"doc": "mean output tokens generated"}),
+        pa.field("input_miss_max", pa.int64(), metadata={"doc": "largest |prompt tokens - requested| of a request"}),
+        pa.field("output_miss_max", pa.int64(), metadata={"doc": "largest |output tokens - requested| of a request"}),
+        pa.field("length_miss_max", pa.int64(), metadata={"doc": "the larger of the two; null: nothing asked"}),
+        pa.field("lengths_exact", pa.bool_(), metadata={"doc": "length_miss_max <= 1 (else the report flags it)"}),
+        pa.field("prefix_cache_queries", pa.int64(), metadata={"doc": "prompt tokens looked up in the prefix cache"}),
+        pa.field("prefix_cache_hits", pa.int64(), metadata={"doc": "of which found cached"}),
+        pa.field(
+            "prefix_cache_hit_rate", pa.float64(), metadata={"doc": "hits / queries; null: the engine reports none"}
+        ),
+    ],
+)
 
 PERF_TABLES: dict[str, pa.Schema] = {
     "perf_requests": PERF_REQUESTS,

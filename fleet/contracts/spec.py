@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from fleet.contracts.base import MAX_COUNT, MAX_SEED, MAX_TIMEOUT_S, DType, Name, Strict
+from fleet.contracts.base import MAX_COUNT, MAX_SEED, MAX_TIMEOUT_S, DType, Name, Strict, UserPath
+from fleet.contracts.errors import UserError
 from fleet.contracts.prompt_source import FileSlice, read_slice
 from fleet.contracts.prompts import Prompt
 from fleet.contracts.sources import ModelSource
+from fleet.contracts.workload import Lengths, MultiTurn, SharedPrefix, read_trace, upper
 
 
 class ModelSpec(Strict):
@@ -256,12 +259,38 @@ class Scenario(Strict):
     concurrency: list[int] = Field(
         min_length=1, max_length=64, description="Levels: the most requests in flight at once."
     )
-    input_tokens: int | None = Field(
-        None, ge=1, le=MAX_COUNT, description="Synthetic prompts of exactly this many tokens."
+    input_tokens: int | Lengths | None = Field(
+        None,
+        description="Synthetic prompts of exactly this many tokens, or of counts drawn from a distribution "
+        "({distribution: uniform, min, max} | {distribution: normal, mean, std, min, max}), counted as the model "
+        "sees them: after the chat template with send: chat.",
     )
     prompt_set: str | None = Field(None, description="Or: prompts from this set, cycled to num_requests.")
-    output_tokens: int = Field(
-        ge=1, le=MAX_COUNT, description="Tokens generated per request (ignore_eos: always this many)."
+    trace: UserPath | None = Field(
+        None,
+        description="Or: a JSONL trace replayed at its own times, one request a line: timestamp (seconds) or "
+        "offset (seconds from the start), prompt (text) or input_tokens, optional output_tokens; relative to the "
+        "manifest. Its first num_requests lines (in time order) are sent at every level.",
+    )
+    output_tokens: int | Lengths = Field(
+        description="Tokens generated per request, or a distribution of counts (as input_tokens)."
+    )
+    ignore_eos: bool = Field(
+        True,
+        description="Generate exactly output_tokens (vLLM's ignore_eos); false: output_tokens is a cap and the "
+        "model may stop earlier (free output).",
+    )
+    send: Literal["ids", "text", "chat"] = Field(
+        "ids",
+        description="How prompts go to HTTP targets: ids (token ids to /completions), text (text built to encode "
+        "to exactly the requested count, to /completions), chat (one user message to /chat/completions, exactly "
+        "the requested count after the chat template). Offline engines get the same token ids.",
+    )
+    shared_prefix: SharedPrefix | None = Field(
+        None, description="Groups of synthetic prompts sharing a prefix (vLLM's prefix-repetition dataset)."
+    )
+    multi_turn: MultiTurn | None = Field(
+        None, description="Synthetic conversations re-sending their history (vLLM's benchmarks/multi_turn)."
     )
     num_requests: int = Field(ge=1, le=MAX_COUNT, description="Measured requests per level.")
     warmup_requests: int = Field(4, ge=0, le=MAX_COUNT, description="Unrecorded requests sent first at each level.")
@@ -315,25 +344,78 @@ class Scenario(Strict):
         "alone (concurrency 1) before it; compared with the reference and with itself alone (docs/load-parity.md).",
     )
 
+    @field_validator("trace")
+    @classmethod
+    def _trace_path(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        """Relative to the manifest (read and checked with the whole scenario, in `_one_prompt_source`)."""
+        return None if value is None else (Path((info.context or {}).get("base_dir", Path.cwd())) / value).resolve()
+
     @model_validator(mode="after")
     def _one_prompt_source(self) -> Scenario:
-        if (self.input_tokens is None) == (self.prompt_set is None):
-            msg = "set exactly one of input_tokens (synthetic prompts) and prompt_set"
+        sources = [n for n in ("input_tokens", "prompt_set", "trace") if getattr(self, n) is not None]
+        if len(sources) != 1:
+            msg = "set exactly one of input_tokens (synthetic prompts), prompt_set and trace"
+            raise ValueError(msg + (f" (got {', '.join(sources)})" if sources else ""))
+        if any(not 1 <= c <= MAX_CONCURRENCY for c in self.concurrency):
+            msg = f"concurrency levels must be from 1 to {MAX_CONCURRENCY} (got {self.concurrency})"
             raise ValueError(msg)
+        if self.shared_prefix and self.multi_turn:
+            raise ValueError("set at most one of shared_prefix and multi_turn")
+        split: list[tuple[str, int]] = []  # requests per group or conversation must divide num_requests
+        if self.shared_prefix:
+            split.append(("shared_prefix.groups", self.shared_prefix.groups))
+        if self.multi_turn:
+            split.append(("multi_turn.turns", self.multi_turn.turns))
+        for what, per in split:
+            if self.input_tokens is None:
+                msg = f"{what.split('.')[0]} builds synthetic prompts: set input_tokens, not a prompt set or trace"
+                raise ValueError(msg)
+            if self.num_requests % per:
+                raise ValueError(f"num_requests ({self.num_requests}) must be a multiple of {what} ({per})")
+        if self.send != "ids" and self.prompt_set is not None:
+            raise ValueError("send: text or chat is for synthetic prompts and traces; a prompt set goes as ids")
+        if self.trace is not None:
+            try:
+                lines = len(read_trace(self.trace))
+            except UserError as e:
+                raise ValueError(str(e)) from None
+            if lines < self.num_requests:
+                msg = f"trace {self.trace} holds {lines} requests, fewer than num_requests ({self.num_requests})"
+                raise ValueError(msg)
         if self.ramp is not None and self.request_rate is not None:
             raise ValueError("set request_rate or ramp, not both (a ramp sets the rate of every request)")
         if self.sweep is not None and (self.slo is None or self.request_rate is not None or self.ramp is not None):
             raise ValueError("a sweep needs an slo and chooses the rates itself: set slo, unset request_rate and ramp")
-        if any(not 1 <= c <= MAX_CONCURRENCY for c in self.concurrency):
-            msg = f"concurrency levels must be from 1 to {MAX_CONCURRENCY} (got {self.concurrency})"
-            raise ValueError(msg)
         if self.clients > 1 and self.parity is not None:
             msg = "parity under load rides the engine's own client: set clients: 1 with parity"
             raise ValueError(msg)
         if self.clients > min(self.concurrency):
             msg = f"clients ({self.clients}) must not exceed the lowest concurrency level ({min(self.concurrency)})"
             raise ValueError(msg)
+        if self.trace is not None and (self.request_rate is not None or self.ramp is not None or self.sweep):
+            msg = "a trace's requests are due at the trace's own offsets: unset request_rate, ramp and sweep"
+            raise ValueError(msg)
+        if self.multi_turn is not None and (self.clients > 1 or self.sweep is not None):
+            msg = (
+                "multi_turn sends each turn after the previous one is answered, within one client's run: "
+                "set clients: 1 and no sweep"
+            )
+            raise ValueError(msg)
         return self
+
+    @property
+    def longest_request(self) -> int | None:
+        """The most tokens (prompt + output) one synthetic request can need; None when prompts come from a
+        set or a trace (only the engine's tokenizer counts those). Chat templating adds no tokens beyond
+        input_tokens: the count is taken after it."""
+        if self.input_tokens is None:
+            return None
+        out, new = upper(self.output_tokens), upper(self.input_tokens)
+        if self.shared_prefix is not None:
+            return self.shared_prefix.prefix_tokens + new + out
+        if self.multi_turn is not None:
+            return self.multi_turn.turns * new + (self.multi_turn.turns - 1) * out + out
+        return new + out
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,19 @@ LOAD_PARITY = {
     "paths_changed_vs_solo": "paths changed vs c=1",
     "real_divergences_vs_solo": "real div. from c=1",
 }
+WORKLOADS = {
+    "model": "model",
+    "target": "target",
+    "scenario": "scenario",
+    "level": "concurrency",
+    "requested_input_mean": "in asked",
+    "input_tokens_mean": "in seen",
+    "requested_output_mean": "out asked",
+    "output_tokens_mean": "out got",
+    "length_miss_max": "max miss",
+    "lengths_exact": "exact (<=1)",
+    "prefix_cache_hit_rate": "prefix-cache hits",
+}
 SMOKE = {
     "model": "model",
     "target": "target",

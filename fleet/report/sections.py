@@ -10,7 +10,7 @@ from typing import Any
 
 import polars as pl
 
-from fleet.analysis import consistency, perf
+from fleet.analysis import consistency, perf, workload
 from fleet.report import columns, drilldown
 from fleet.report.blocks import SECTIONS, Block, Section, SectionSpec, Table, register
 from fleet.report.model import NO_VERDICT, RunReport
@@ -97,6 +97,19 @@ def _load_parity(r: RunReport, spec: SectionSpec) -> list[Block]:
         "alone, 'real div. from c=1' of which beyond the noise (the batch changed the answer)."
     )
     return [*blocks, note]
+
+
+@register("workloads", "Token counts asked and seen, and prefix-cache hits, per level", chapter=PERFORMANCE,
+          columns=columns.WORKLOADS)  # fmt: skip
+def _workloads(r: RunReport, spec: SectionSpec) -> list[Block]:
+    if not r.tables["perf_levels"].height:
+        return []
+    table = workload.lengths(r.tables["perf_requests"], r.tables["perf_levels"])
+    flags = workload.length_flags(table)
+    if not flags and table["length_miss_max"].is_not_null().any():
+        flags = ["Every request's token counts are within 1 of what it asked for."]
+    note = "prefix-cache hits: tokens found cached / looked up (the engine's counters); blank: it reports none"
+    return [*spec.table(table), *flags, note]
 
 
 @register("smoke", "Smoke checks", chapter=PERFORMANCE, columns=columns.SMOKE)
@@ -271,8 +284,10 @@ def conditions(info: RunInfo) -> list[str]:
     a real figure, their outputs are not)."""
     out = [
         f"{s['name']}: {s['num_requests']} requests per level at concurrency {s['concurrency']}, "
-        + (f"{s['input_tokens']} input tokens" if s.get("input_tokens") else f"prompts of set {s['prompt_set']}")
-        + f", {s['output_tokens']} output tokens (ignore_eos), warm-up {s['warmup_requests']}, "
+        + _prompts(s)
+        + f", {_count(s['output_tokens'])} output tokens "
+        + ("(ignore_eos)" if s.get("ignore_eos", True) else "(at most: free output)")
+        + f", warm-up {s['warmup_requests']}, "
         + _arrivals(s)
         for s in info.perf
     ]
@@ -280,7 +295,36 @@ def conditions(info: RunInfo) -> list[str]:
     return out + ([f"dummy-weight targets (load_format: dummy): {', '.join(dummies)}"] if dummies else [])
 
 
+def _prompts(s: dict[str, Any]) -> str:
+    """What a scenario's prompts were: their source, their structure and how they were sent."""
+    if s.get("trace"):
+        return f"trace {s['trace']} replayed at its own times (sent as {s.get('send', 'ids')})"
+    if not s.get("input_tokens"):
+        return f"prompts of set {s['prompt_set']}"
+    text = f"{_count(s['input_tokens'])} input tokens"
+    if prefix := s.get("shared_prefix"):
+        text += f" after a shared prefix of {prefix['prefix_tokens']} ({prefix['groups']} groups)"
+    if turns := s.get("multi_turn"):
+        text += f" per turn, {turns['turns']}-turn conversations re-sending their history"
+    sent = {"ids": "", "text": ", sent as text", "chat": ", sent as chat (counted after the chat template)"}
+    return text + sent[s.get("send", "ids")]
+
+
+def _count(value: int | dict[str, Any]) -> str:
+    """A token count or its distribution, as the manifest gave it."""
+    if isinstance(value, int):
+        return str(value)
+    if value["distribution"] == "fixed":
+        return str(value["mean"])
+    if value["distribution"] == "uniform":
+        return f"uniform {value['min']}-{value['max']}"
+    return f"normal({value['mean']}, {value['std']:g}) in {value['min']}-{value['max']}"
+
+
 def _arrivals(scenario: dict[str, Any]) -> str:
+    if scenario.get("trace"):
+        clients = f", {scenario['clients']} client processes" if (scenario.get("clients") or 1) > 1 else ""
+        return f"arrivals at the trace's times{clients}"
     rate, shape, ramp, sweep = (scenario.get(k) for k in ("request_rate", "burstiness", "ramp", "sweep"))
     gaps = "evenly spaced" if scenario.get("arrival") == "constant" else (
         "Poisson" if shape in (None, 1) else f"gamma gaps of burstiness {shape:g}"

@@ -63,9 +63,10 @@ def check_context(
                 msg += f"exceeds its context of {length} tokens"
                 raise ManifestError(msg)
             for scenario in perf:
-                if scenario.input_tokens is None or (scenario.targets and target.name not in scenario.targets):
+                longest = scenario.longest_request
+                if longest is None or (scenario.targets and target.name not in scenario.targets):
                     continue
-                if target.can("perf") and scenario.input_tokens + scenario.output_tokens > length:
-                    msg = f"{where}: perf {scenario.name!r} needs {scenario.input_tokens} + "
-                    msg += f"{scenario.output_tokens} tokens, over its context of {length}"
+                if target.can("perf") and longest > length:
+                    msg = f"{where}: perf {scenario.name!r} needs up to {longest} tokens (prompt + output), "
+                    msg += f"over its context of {length}"
                     raise ManifestError(msg)
