@@ -11,14 +11,16 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
 from mdcheck import rows
 
-from fleet.analysis import gates
+from fleet.analysis import gates, parity_resample
 from fleet.contracts import schema
 from fleet.report import compare
+from fleet.results import reader
 from fleet.results.store import RunStore
 
 # Reference outputs: prompt -> [(token, logprob)]. Logprobs are multiples of 1/4, exact in float32.
@@ -57,7 +59,8 @@ def _write_target(
     for i, (pid, out) in enumerate(sorted(outputs.items())):
         ids = [t[0] for t in out]
         requests.append(_keys(target) | {
-            "prompt_id": pid, "shard_id": shard, "prompt": PROMPTS[pid], "prompt_token_ids": [1, 2],
+            "prompt_id": pid, "shard_id": shard, "prompt": PROMPTS.get(pid, f"Prompt {pid}"),
+            "prompt_token_ids": [1, 2],
             "output_text": " ".join(f"t{t}" for t in ids), "output_token_ids": ids, "n_prompt_tokens": 2,
             "n_output_tokens": len(ids), "finish_reason": "length", "queue_s": 0.0,
             "ttft_s": 0.01 * (i + 1), "tpot_s": 0.005, "e2e_s": 0.1 * (i + 1), "expected": (expected or {}).get(pid),
@@ -98,8 +101,10 @@ def write_run(
     model_dir: Path | None = None,
     failures: dict[str, str] | None = None,
     expected: dict[str, str] | None = None,
+    reference: dict[str, list[tuple[Any, ...]]] | None = None,
 ) -> Path:
-    """A complete run directory: reference `ref` (REF_OUT) and the given candidates; 6 tokens per target.
+    """A complete run directory: reference `ref` (`reference`, by default REF_OUT) and the given
+    candidates; 6 tokens per target with REF_OUT.
 
     expected: prompt id -> answer rule as stored (JSON, e.g. '{"contains": "t8"}'), for task accuracy."""
     wall_s = wall_s or {}
@@ -116,7 +121,7 @@ def write_run(
             "manifest_resolved": manifest, "driver": {"python": "3.11", "polars": pl.__version__},
             "provenance": {f"m/{t}": prov for t in targets}}  # fmt: skip
     store = RunStore.create(run_dir, info)
-    _write_target(store, "ref", REF_OUT, wall_s=wall_s.get("ref", 1.0), expected=expected)
+    _write_target(store, "ref", reference or REF_OUT, wall_s=wall_s.get("ref", 1.0), expected=expected)
     for name, outputs in candidates.items():
         _write_target(store, name, outputs, wall_s=wall_s.get(name, 0.5), expected=expected)
     store.update_info(status="partial" if failures else "complete", finished_at="now", failures=failures or {})
@@ -188,6 +193,72 @@ def test_provenance_changes_and_render(two_runs: tuple[Path, Path]) -> None:
     assert "## Gate changes: 3" in text
     assert "m/cand: seq_match_rate >= 1: PASS -> FAIL" in text
     assert "## m / cand" in text
-    assert ["seq_match_rate", "1", "0.5", "-0.5", "—", "-0.5", "worse", "seq_match_rate >= 1", "PASS", "FAIL"] in rows(
-        text
-    )
+    assert [
+        "seq_match_rate",
+        "1",
+        "0.5",
+        "-0.5",
+        "[-1.0, 0.0]",
+        "-0.5",
+        "worse",
+        "seq_match_rate >= 1",
+        "PASS",
+        "FAIL",
+    ] in rows(text)
+
+
+def _prompts_run(run_dir: Path, n_prompts: int, *, diverge_every: int = 0) -> Path:
+    """A run of `n_prompts` prompts (3 tokens each) and one candidate `cand` whose teacher-forced
+    logprobs drift by 0 to 3/16 nats per prompt; with `diverge_every`, every such prompt diverges at
+    position 1 (token 3 for the reference's 8)."""
+    reference, outputs = {}, {}
+    for i in range(n_prompts):
+        pid = f"q{i:03d}"
+        reference[pid] = REF_OUT["p2"]
+        drift = (i % 4) / 16  # multiples of 1/16: exact in float32
+        out = [(tok, lp - drift, lp) for tok, lp in REF_OUT["p2"]]
+        if diverge_every and i % diverge_every == 0:
+            out[1] = (3, -0.75, -1.5)
+        outputs[pid] = out
+    return write_run(run_dir, {"cand": outputs}, reference=reference)
+
+
+@pytest.mark.parametrize("stats", [False, True], ids=["token-rows", "prompt-stats"])
+def test_parity_resample_with_every_prompt_drawn_once_is_the_report(tmp_path: Path, stats: bool) -> None:
+    """Both ways the report computes parity (from prompt_stats, or from token rows for older runs)."""
+    from test_report_aggregates import add_prompt_stats  # here: that module imports this one
+
+    run = _prompts_run(tmp_path / "a", 12, diverge_every=3)
+    if stats:
+        add_prompt_stats(run)
+    assert reader.covers(run, "prompt_stats", "tokens") == stats
+    report = compare.report(run)
+    assert report.prompts is not None
+    (key, prompts), *_ = parity_resample.candidates(report.prompts, report.tokens, report.reference).items()
+    assert key == ("m", "cand") and prompts.n_prompts == 12
+    measured = report.parity.row(0, named=True)
+    once = np.ones((1, prompts.n_prompts), dtype=np.int64)
+    for metric in parity_resample.RESAMPLED:  # the values are multiples of 1/16: sums in any order are exact
+        assert prompts.figure(metric, once)[0] == measured[metric], metric
+    assert measured["real_divergences"] + measured["near_ties"] == 4  # the classified divergences are resampled
+    with pytest.raises(ValueError, match="no resampled parity figure 'pearson_r'"):
+        prompts.figure("pearson_r", once)
+
+
+def test_parity_delta_interval_holds_the_delta_and_narrows_with_more_prompts(tmp_path: Path) -> None:
+    widths = {}
+    for n in (8, 32):
+        a = _prompts_run(tmp_path / f"a{n}", n)
+        b = _prompts_run(tmp_path / f"b{n}", n, diverge_every=4)  # a quarter of B's prompts diverge
+        frame = compare.compare(a, b)
+        for metric in ("seq_match_rate", "token_match_rate", "tf_mean_abs_logprob_diff", "tf_p99_abs_logprob_diff"):
+            row = _row(frame, "cand", metric)
+            assert row["delta"] != 0 and row["delta_ci_low"] <= row["delta"] <= row["delta_ci_high"], (n, row)
+            widths[(n, metric)] = row["delta_ci_high"] - row["delta_ci_low"]
+        assert _row(frame, "cand", "seq_match_rate")["delta"] == -0.25
+        # Identical in both runs: no spread at all; the reference is no candidate and gets no parity interval.
+        top1 = _row(frame, "cand", "first_top1_agreement")
+        assert (top1["delta"], top1["delta_ci_low"], top1["delta_ci_high"]) == (0.0, 0.0, 0.0)
+        assert _row(frame, "cand", "pearson_r")["delta_ci_low"] is None
+    for metric in ("seq_match_rate", "token_match_rate", "tf_mean_abs_logprob_diff"):
+        assert widths[(32, metric)] < widths[(8, metric)], metric

@@ -105,7 +105,8 @@ def _resampled(column: str, a: Level, b: Level, *, resamples: int, seed: int) ->
     return a.figure(column, draws(rng, a.n_requests, resamples)), b.figure(column, draws(rng, b.n_requests, resamples))
 
 
-def _bounds(values: np.ndarray) -> tuple[float, float]:
+def bounds(values: np.ndarray) -> tuple[float, float]:
+    """The LEVEL interval of resampled figures (NaN, NaN: most resamples undefined)."""
     finite = values[np.isfinite(values)]
     if len(finite) < len(values) * LEVEL:  # most resamples undefined: no interval to give
         return float("nan"), float("nan")
@@ -119,7 +120,7 @@ def ratio_interval(
     """95 % interval of measured / baseline for one figure, both runs' requests resampled independently."""
     m, b = _resampled(column, measured, baseline, resamples=resamples, seed=seed)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return _bounds(m / b)
+        return bounds(m / b)
 
 
 def delta_interval(
@@ -127,7 +128,7 @@ def delta_interval(
 ) -> tuple[float, float]:
     """95 % interval of b - a for one figure, both runs' requests resampled independently."""
     ra, rb = _resampled(column, a, b, resamples=resamples, seed=seed)
-    return _bounds(rb - ra)
+    return bounds(rb - ra)
 
 
 def levels(requests: pl.DataFrame, levels_table: pl.DataFrame) -> dict[tuple[str, str, str, int], Level]:

@@ -4,7 +4,8 @@ For every model x target in either run, each metric from A and from B (parity, t
 accuracy, the probes' summaries: fleet.report.model.RunReport.metric_frames), the delta B - A,
 its 95 % interval where the figure can be resampled, and whether that delta is better or worse
 (by the metric's direction). A perf figure's interval resamples both runs' requests at that level
-(fleet/analysis/perf_resample.py): a delta whose interval holds 0 is within the runs' noise. With gates, each run is
+(fleet/analysis/perf_resample.py), a parity figure's both runs' prompts (fleet/analysis/parity_resample.py):
+a delta whose interval holds 0 is within the runs' noise. With gates, each run is
 judged by the same gates and the verdicts sit next to the metric, so a PASS -> FAIL is a
 regression to look at. What changed in the environment (versions, devices, weights) is
 listed separately, since it is usually the explanation.
@@ -18,7 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from fleet.analysis import gates as gate_mod
-from fleet.analysis import perf_resample
+from fleet.analysis import parity_resample, perf_resample
 from fleet.contracts.gates import METRICS, RESAMPLED, Gate, perf_key
 from fleet.report import columns
 from fleet.report.model import RunReport
@@ -29,6 +30,7 @@ from fleet.results.info import RunInfo
 Run = str | Path | RunReport  # a run directory (or URI), or its report already built
 
 _KEYS = ["model", "target", "metric"]
+RUN = ["model", "target"]
 # Direction of "better" per metric; metrics not listed (counts, wall time) are neutral.
 HIGHER_IS_BETTER = {
     "first_top1_agreement",
@@ -141,7 +143,8 @@ def compare(run_a: Run, run_b: Run, *, gates: Sequence[Gate] | None = None) -> p
 
 def _delta_intervals(a: RunReport, b: RunReport) -> pl.DataFrame:
     """model, target, metric, delta_ci_low, delta_ci_high: the 95 % interval of b - a of every perf
-    figure both runs measured at the same scenario and level, requests resampled."""
+    figure both runs measured at the same scenario and level, requests resampled, and of every
+    resampled parity figure of a candidate in both runs, prompts resampled."""
     levels_a, levels_b = (perf_resample.levels(r.tables["perf_requests"], r.tables["perf_levels"]) for r in (a, b))
     rows = []
     for key in sorted(levels_a.keys() & levels_b.keys()):
@@ -149,8 +152,25 @@ def _delta_intervals(a: RunReport, b: RunReport) -> pl.DataFrame:
         for metric in sorted(RESAMPLED):
             low, high = perf_resample.delta_interval(metric.removeprefix("perf_"), levels_a[key], levels_b[key])
             rows.append((model, target, perf_key(metric, scenario, level), low, high))
+    rows += _parity_intervals(a, b)
     schema = {**dict.fromkeys(_KEYS, pl.String), "delta_ci_low": pl.Float64, "delta_ci_high": pl.Float64}
     return pl.DataFrame(rows, schema=schema, orient="row").fill_nan(None)
+
+
+def _parity_intervals(a: RunReport, b: RunReport) -> list[tuple[str, str, str, float, float]]:
+    """The 95 % interval of b - a of every parity figure of a candidate both runs compared with
+    their reference, each run's prompts resampled (fleet/analysis/parity_resample.py)."""
+    prompts_a, prompts_b = a.prompts, b.prompts
+    if prompts_a is None or prompts_b is None:
+        return []
+    both = prompts_a.select(RUN).unique().join(prompts_b.select(RUN).unique(), on=RUN)
+    side_a = parity_resample.candidates(prompts_a.join(both, on=RUN), a.tokens, a.reference)
+    side_b = parity_resample.candidates(prompts_b.join(both, on=RUN), b.tokens, b.reference)
+    rows = []
+    for key in sorted(side_a.keys() & side_b.keys()):
+        intervals = parity_resample.delta_intervals(side_a[key], side_b[key])
+        rows += [(*key, metric, low, high) for metric, (low, high) in intervals.items()]
+    return rows
 
 
 def _direction() -> pl.Expr:
@@ -206,8 +226,8 @@ def render(frame: pl.DataFrame, *, run_a: Run, run_b: Run) -> str:
 
 
 NO_INTERVAL = (
-    "delta 95 % CI: of a perf figure, both runs' requests resampled; one holding 0 is within the runs' noise. "
-    "— : no interval for that figure (counts, parity and probe figures, a level only one run measured)."
+    "delta 95 % CI: both runs resampled, a perf figure's requests, a parity figure's prompts; one holding 0 is "
+    "within the runs' noise. — : no interval for that figure (run totals, probe figures, one run only: docs/cli.md)."
 )
 
 

@@ -22,7 +22,16 @@ from typing import Any
 
 import polars as pl
 
-from fleet.analysis import consistency, divergence, from_stats, load_parity, noise_floor, noise_model, probes
+from fleet.analysis import (
+    consistency,
+    divergence,
+    from_stats,
+    load_parity,
+    noise_floor,
+    noise_model,
+    parity_resample,
+    probes,
+)
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
 from fleet.analysis.baseline import RunBaselines
@@ -74,6 +83,7 @@ class RunReport:
     notices: list[str]
     colors: dict[str, str]  # target -> plot colour, the same in every plot
     sweeps: pl.DataFrame | None = None  # fleet.analysis.perf.sweep_curve; None: no scenario sweeps
+    prompts: pl.DataFrame | None = None  # parity_resample.prompt_frame: every candidate prompt's figures
 
     @classmethod
     def build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None = None, top: int = 20) -> RunReport:
@@ -136,6 +146,7 @@ class RunReport:
             notices=notices(info, requests),
             colors=_colors(info, t | {"tokens": requests.select("target")}),
             sweeps=sweep_curve(runs, swept) if runs is not None and swept else None,
+            prompts=parity_resample.prompt_frame(seqs, first, per_prompt),
         )
         gates = gate_mod.from_info(info) if gates is None else list(gates)
         verdicts = report.evaluate(gates) if gates else None

@@ -1,0 +1,157 @@
+"""A run's parity figures on bootstrap resamples of its prompts: the interval `fleet compare`
+prints beside a parity delta (the prompt is the unit, as in the noise model, fleet/analysis/bootstrap.py).
+
+Each figure is the one fleet/analysis/parity.py and divergence.py give, recomputed on the drawn
+prompts (a prompt drawn twice counts twice): rates and means as weighted sums over per-prompt sums
+and counts, the TF p99 with bootstrap.resampled_quantiles (numpy's "linear" quantile of the drawn
+prompts' values), the TF max as the largest value of a drawn prompt, and the divergence counts as
+counts of the drawn prompts. With every prompt drawn once each is the report's figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from fleet.analysis import divergence, perf_resample, ties
+from fleet.analysis.bootstrap import draws, resampled_quantiles
+from fleet.analysis.parity import CAND, RUN, split
+
+_F64 = pl.Float64
+# Per-prompt columns (NaN: the prompt has no value) whose figure is their mean over prompts.
+_PROMPT_MEANS = {
+    "seq_match_rate": "_exact",
+    "first_top1_agreement": "_first",
+    "first_logprob_diff_mean": "_first_lp",
+    "first_prob_rel_err_mean": "_first_rel",
+    "first_top1_agreement_excl_ties": "_first_ok",
+    "seq_match_rate_excl_ties": "_not_real",
+}
+# Per-prompt columns whose figure is their sum over prompts.
+_PROMPT_COUNTS = {
+    "real_divergences": "_real",
+    "near_ties": "_tie",
+    "n_diverged": "_diverged",
+    "tokens_matched": "_matched",
+    "tokens_total": "_total",
+}
+RESAMPLED = sorted(
+    {*_PROMPT_MEANS, *_PROMPT_COUNTS, "token_match_rate", "tf_top1_agreement"}
+    | {f"tf_{s}_abs_logprob_diff" for s in ("mean", "max", "p99")}
+)
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """One candidate's prompts (in key order) as arrays: per-prompt figures and its TF values."""
+
+    columns: dict[str, np.ndarray]  # per prompt: _exact, _first, _real, _tie, _diverged, _matched, _total, ...
+    tf_diff: np.ndarray  # every scored |logprob - ref_logprob| (NaN kept: then no TF figure)
+    tf_prompt: np.ndarray  # the prompt of each value
+
+    @property
+    def n_prompts(self) -> int:
+        return len(self.columns["_exact"])
+
+    def figure(self, metric: str, drawn: np.ndarray) -> np.ndarray:
+        """`metric` on each resample (rows of `drawn`: how often each prompt is drawn)."""
+        w, c = drawn.astype(float), self.columns
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if metric in _PROMPT_MEANS:
+                x = c[_PROMPT_MEANS[metric]]
+                return (w @ np.nan_to_num(x)) / (w @ ~np.isnan(x))
+            if metric in _PROMPT_COUNTS:
+                return w @ c[_PROMPT_COUNTS[metric]]
+            if metric == "token_match_rate":
+                return (w @ c["_matched"]) / (w @ c["_total"])
+            if metric == "tf_top1_agreement":
+                return (w @ c["_agreed"]) / (w @ c["_scored"])
+            values, unit = self.tf_diff, self.tf_prompt
+            if not len(values) or np.isnan(values).any():  # the report's figure is null: nothing to resample
+                return np.full(len(drawn), np.nan)
+            if metric == "tf_mean_abs_logprob_diff":
+                sums = np.bincount(unit, weights=values, minlength=self.n_prompts)
+                return (w @ sums) / (w @ np.bincount(unit, minlength=self.n_prompts))
+            if metric == "tf_max_abs_logprob_diff":
+                top = np.full(self.n_prompts, -np.inf)
+                np.maximum.at(top, unit, values)
+                out = np.where(drawn > 0, top, -np.inf).max(axis=1)
+                return np.where(np.isfinite(out), out, np.nan)
+            if metric == "tf_p99_abs_logprob_diff":
+                return resampled_quantiles(values, unit, drawn, divergence.NOISE_QUANTILE)
+        raise ValueError(f"no resampled parity figure {metric!r}; known: {', '.join(RESAMPLED)}")
+
+
+def prompt_frame(seqs: pl.DataFrame, first: pl.DataFrame, per_prompt: pl.DataFrame) -> pl.DataFrame:
+    """CAND and the per-prompt columns `Prompts` reads, one row per candidate prompt (of parity.sequences),
+    from the report's sequences, first step and divergences (NaN where a prompt has no value)."""
+    kind, divergence_at = pl.col("kind"), pl.col("_at")
+    first_ok = divergence_at.is_null() | (divergence_at > 0) | (kind == "near tie")
+    return (
+        seqs.select(*CAND, "exact_match", "tokens_matched", "tokens_total", "first_divergence")
+        .join(first.select(*CAND, "top1_match", "logprob_diff", "rel_err"), on=CAND, how="left")
+        .join(per_prompt.select(*CAND, "kind", _at="first_divergence", _classified=pl.lit(True)), on=CAND, how="left")
+        .select(
+            *CAND,
+            _exact=_per_prompt(pl.col("exact_match")),
+            _first=_per_prompt(pl.col("top1_match")),
+            _first_lp=_per_prompt(pl.col("logprob_diff")),
+            _first_rel=_per_prompt(pl.col("rel_err")),
+            # as divergence.summary_of: over the classified prompts
+            _first_ok=_per_prompt(pl.when(pl.col("_classified")).then(first_ok)),
+            _not_real=_per_prompt(kind != "divergence"),
+            _matched=pl.col("tokens_matched").cast(_F64).fill_null(0),
+            _total=pl.col("tokens_total").cast(_F64).fill_null(0),
+            _diverged=pl.col("first_divergence").is_not_null().cast(_F64),
+            _real=(kind == "divergence").fill_null(False).cast(_F64),
+            _tie=(kind == "near tie").fill_null(False).cast(_F64),
+        )
+        .sort(CAND)
+    )
+
+
+def _per_prompt(value: pl.Expr) -> pl.Expr:
+    """A per-prompt value as Float64, NaN where the prompt has none; NaN for every prompt of a
+    candidate with a NaN value, whose figure the report shows as null (fleet/analysis/missing.py)."""
+    value = value.cast(_F64)
+    return pl.when(value.is_nan().any().over(RUN)).then(np.nan).otherwise(value.fill_null(np.nan))
+
+
+def candidates(prompts: pl.DataFrame, tokens: pl.LazyFrame, reference: str) -> dict[tuple[str, str], Prompts]:
+    """(model, target) -> its Prompts: `prompts` from prompt_frame, the TF values from the token rows
+    (read one candidate at a time, four columns: the per-token values the TF quantile needs)."""
+    _, cand_tok = split(tokens, reference)
+    agreement = ties.top1_agreement(ties.longest_topk(cand_tok))
+    diff = (pl.col("logprob").cast(_F64) - pl.col("ref_logprob").cast(_F64)).abs()
+    out = {}
+    for (model, target), part in prompts.group_by(RUN, maintain_order=True):
+        index = part.select(*CAND).with_row_index("_p")
+        rows = (
+            cand_tok.filter((pl.col("model") == model) & (pl.col("target") == target))
+            .select(*CAND, _diff=diff, _agreed=agreement)
+            .collect()
+            .join(index, on=CAND, how="inner")
+        )
+        per = rows.group_by("_p").agg(
+            _agreed=pl.col("_agreed").cast(_F64).sum(), _scored=pl.col("_agreed").is_not_null().sum().cast(_F64)
+        )
+        per = index.select("_p").join(per, on="_p", how="left").sort("_p").fill_null(0)
+        scored = rows.filter(pl.col("_diff").is_not_null())
+        columns = {c: part[c].to_numpy() for c in part.columns if c.startswith("_")}
+        columns |= {c: per[c].to_numpy() for c in ("_agreed", "_scored")}
+        out[(str(model), str(target))] = Prompts(
+            columns, scored["_diff"].to_numpy(), scored["_p"].cast(pl.Int64).to_numpy()
+        )
+    return out
+
+
+def delta_intervals(
+    a: Prompts, b: Prompts, *, resamples: int = perf_resample.RESAMPLES, seed: int = 0
+) -> dict[str, tuple[float, float]]:
+    """metric -> the 95 % interval of b - a of each RESAMPLED figure, each run's prompts resampled
+    independently (one set of draws for every figure: the same resamples, drawn once)."""
+    rng = np.random.default_rng(seed)
+    drawn_a, drawn_b = draws(rng, a.n_prompts, resamples), draws(rng, b.n_prompts, resamples)
+    return {m: perf_resample.bounds(b.figure(m, drawn_b) - a.figure(m, drawn_a)) for m in RESAMPLED}
