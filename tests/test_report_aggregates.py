@@ -174,3 +174,14 @@ def test_sequences_compare_lists_as_the_definition_says() -> None:
         ("d", False, 0, 0),
         ("e", True, 1, None),
     ]
+
+
+def test_candidate_blocks_of_no_rows_are_none() -> None:
+    """A report asked before any candidate row is stored (003's `after:` check on a parity: false
+    stage) finds no blocks, rather than one that ends at row 0."""
+    from fleet.analysis import from_stats
+
+    empty = pl.DataFrame({c: pl.Series([], dtype=pl.String) for c in from_stats.RUN})
+    assert from_stats._runs(empty).height == 0
+    two = pl.DataFrame({c: ["a", "a", "b"] for c in from_stats.RUN})
+    assert from_stats._runs(two).select("first", "end").rows() == [(0, 2), (2, 3)]

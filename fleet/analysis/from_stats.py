@@ -133,8 +133,9 @@ def _runs(frame: pl.DataFrame) -> pl.DataFrame:
     """RUN, first and end row of each run of equal (model, target) in `frame`, where each candidate's
     rows lie together: found where the keys change, not by grouping every row on its strings."""
     change = frame.select(pl.struct(RUN).rle_id()).to_series().to_numpy()
-    first = np.flatnonzero(np.diff(change, prepend=-1)) if len(change) else np.zeros(0, dtype=np.int64)
-    end = np.append(first[1:], len(change)).astype(np.int64)
+    first = np.flatnonzero(np.diff(change, prepend=-1))
+    # No rows (a target with parity off, judged before any candidate row): no run, not one ending at 0.
+    end = np.append(first[1:], len(change)).astype(np.int64) if len(change) else first
     return frame.select(RUN)[first].with_columns(
         first=pl.Series(first, dtype=pl.UInt32), end=pl.Series(end, dtype=pl.UInt32)
     )
