@@ -4,19 +4,17 @@ vLLM 0.32 counts both in its Prometheus counters `vllm:prefix_cache_queries` and
 `vllm:prefix_cache_hits` (vllm/v1/metrics/loggers.py, from the scheduler's prefix_cache_stats):
 a server exposes them at GET /metrics (with the `_total` suffix), an offline engine built with
 log stats on keeps them in its process's registry (`LLMEngine.get_metrics`). A level reads them
-before and after each measured run (`counted`, around a loadgen `Send`); the difference is the run's. An
+before and after each measured run (loadgen's `counted`, around a `Send`); the difference is the run's. An
 engine or server without them gives None: the report then says "not reported", never 0.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from actors.loadgen import CacheCounters, Send, Sent
-    from actors.workloads import Request
+    pass
 
 QUERIES, HITS = "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"
 
@@ -57,22 +55,3 @@ def from_engine(engine: Any) -> tuple[int, int] | None:
             totals[metric.name] += int(metric.value)
             found = True
     return (totals[QUERIES], totals[HITS]) if found else None
-
-
-def counted(run: Send, cache: CacheCounters | None) -> Send:
-    """`run` with the engine's prefix-cache counters read around it, their difference in `Sent.prefix_cache`
-    (None where the engine reports none)."""
-    if cache is None:
-        return run
-
-    async def counted_run(
-        prompts: Sequence[list[int] | Request], offsets: list[float] | None, level: int, max_tokens: int
-    ) -> Sent:
-        before = await cache()
-        sent = await run(prompts, offsets, level, max_tokens)
-        after = await cache() if before is not None else None
-        if before is not None and after is not None:
-            sent.prefix_cache = (after[0] - before[0], after[1] - before[1])
-        return sent
-
-    return counted_run

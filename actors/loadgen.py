@@ -271,7 +271,6 @@ async def measure_level(
     engine's prefix-cache counters before and after each measured run. A trace's requests are due at
     the trace's own offsets, in place of the scenario's arrival pattern."""
     from actors import sweep
-    from actors.cache_stats import counted
 
     if send is not None and on_send is not None:
         msg = f"scenario {scenario.name!r}: parity under load needs the load sent from the engine's actor (clients: 1)"
@@ -288,7 +287,11 @@ async def measure_level(
         raise RuntimeError(msg)
     keys = {"model": model, "model_weights": model_weights, "target": target, "scenario": scenario.name, "level": level}
     if scenario.sweep is not None:
-        return await sweep.search(measured_run, scenario, level, prompts=prompts, keys=keys)
+
+        async def run_probe(batch: Any, offsets: list[float] | None, rate: float | None, index: int) -> PerfResult:
+            return tables(keys, rate, await measured_run(batch, offsets, level, out), probe=index)
+
+        return await sweep.search(run_probe, scenario, level, prompts=prompts)
     offsets = trace_offsets(prompts)
     sent = await measured_run(prompts, offsets or scenario_schedule(scenario, len(prompts)), level, out)
     return tables(keys, scenario.request_rate, sent)
@@ -353,3 +356,22 @@ def tables(keys: dict[str, Any], rate: float | None, sent: Sent, *, probe: int =
     }
     requests = pa.Table.from_pylist(rows, schema=schema.PERF_REQUESTS) if rows else schema.PERF_REQUESTS.empty_table()
     return PerfResult(requests, pa.Table.from_pylist([level_row], schema=schema.PERF_LEVELS))
+
+
+def counted(run: Send, cache: CacheCounters | None) -> Send:
+    """`run` with the engine's prefix-cache counters read around it, their difference in `Sent.prefix_cache`
+    (None where the engine reports none)."""
+    if cache is None:
+        return run
+
+    async def counted_run(
+        prompts: Sequence[list[int] | Request], offsets: list[float] | None, level: int, max_tokens: int
+    ) -> Sent:
+        before = await cache()
+        sent = await run(prompts, offsets, level, max_tokens)
+        after = await cache() if before is not None else None
+        if before is not None and after is not None:
+            sent.prefix_cache = (after[0] - before[0], after[1] - before[1])
+        return sent
+
+    return counted_run

@@ -14,31 +14,35 @@ perf_requests and perf_levels, its rate in request_rate), so the curve recompute
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from actors.arrivals import scenario_schedule
-from actors.workloads import fixed_output
 
 if TYPE_CHECKING:
-    from actors.loadgen import Send
     from actors.workloads import Request
     from fleet.contracts.engine import PerfResult
     from fleet.contracts.spec import Scenario
 
 
+# One probe's run: (its requests, their due times or None for a closed loop, its rate, its index) -> its
+# rows; actors/loadgen.py hands it in, so that this module needs nothing of the load generator.
+RunProbe = Callable[
+    [Sequence["list[int] | Request"], "list[float] | None", "float | None", int], Awaitable["PerfResult"]
+]
+
+
 async def search(
-    run: Send, scenario: Scenario, level: int, *, prompts: Sequence[list[int] | Request], keys: dict[str, Any]
+    run: RunProbe, scenario: Scenario, level: int, *, prompts: Sequence[list[int] | Request]
 ) -> PerfResult:
     """Run the sweep's probes at `level` (each `scenario.num_requests` of `prompts`, in turn); every
     probe's rows, concatenated."""
     import pyarrow as pa
 
-    from actors.loadgen import tables
     from fleet.contracts.engine import PerfResult
 
     assert scenario.sweep is not None and scenario.slo is not None
-    sweep, slo, n, out = scenario.sweep, scenario.slo, scenario.num_requests, fixed_output(scenario)
+    sweep, slo, n = scenario.sweep, scenario.slo, scenario.num_requests
     results: list[PerfResult] = []
 
     async def probe(rate: float | None) -> tuple[float, float]:
@@ -46,7 +50,7 @@ async def search(
         index = len(results)
         batch = prompts[index * n : (index + 1) * n]
         offsets = None if rate is None else scenario_schedule(scenario, len(batch), rate=rate)
-        result = tables(keys, rate, await run(batch, offsets, level, out), probe=index)
+        result = await run(batch, offsets, rate, index)
         results.append(result)
         rows, [lv] = result.requests.to_pylist(), result.level.to_pylist()
         completed = sum(r["error"] is None for r in rows)

@@ -24,11 +24,10 @@ from typing import Any
 import polars as pl
 
 from fleet.analysis import perf_resample
-from fleet.analysis.gates import OPS
 from fleet.analysis.perf import first_runs, slos
 from fleet.analysis.perf import summary as perf_summary
 from fleet.contracts.errors import UserError
-from fleet.contracts.gates import LATEST_PASS, Gate
+from fleet.contracts.gates import LATEST_PASS, OPS, Gate
 from fleet.results import catalog, reader, store
 from fleet.results.info import RunInfo
 

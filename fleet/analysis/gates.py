@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +24,7 @@ import polars as pl
 from pydantic import ValidationError
 
 from fleet.contracts.errors import UserError
-from fleet.contracts.gates import METRICS, Gate
+from fleet.contracts.gates import METRICS, OPS, Gate
 from fleet.contracts.inputs import load_yaml, read_text
 from fleet.contracts.messages import error_line, relevant
 from fleet.results import store
@@ -34,12 +33,6 @@ from fleet.results.info import RunInfo
 if TYPE_CHECKING:
     from fleet.analysis.baseline import RunBaselines
 
-OPS: dict[str, Callable[[float, float], bool]] = {
-    ">=": operator.ge,
-    "<=": operator.le,
-    ">": operator.gt,
-    "<": operator.lt,
-}
 
 VERDICT_COLUMNS = [
     "gate", "model", "target", "metric", "value", "op", "threshold", "baseline", "baseline_run", "ci_low", "ci_high",

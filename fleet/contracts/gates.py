@@ -7,6 +7,8 @@ be validated without the analysis code; fleet/analysis/gates.py evaluates them.
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -17,6 +19,12 @@ from fleet.contracts.inputs import check_name
 from fleet.contracts.messages import unknown
 
 Op = Literal[">=", "<=", ">", "<"]
+OPS: dict[Op, Callable[[float, float], bool]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
+}
 # Where each metric's rows live: (table, whether the reference's rows are part of it, extra filter).
 _FIRST = ("tokens", True, 'pl.col("position") == 0')
 _SEQ = ("requests", True, "")
