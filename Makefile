@@ -36,10 +36,13 @@ lint: setup
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
 
 # Two legs: the suite, then the engine paths again in a GPU / NPU's process layout on CPU engines
-# (tests/test_accelerator_layout.py: the engine core in a child process).
+# (tests/test_accelerator_layout.py: the engine core in a child process). Two pytest-xdist workers
+# even on 2 cores: half of a test's wall time is waiting on a child process (an engine's imports,
+# a Ray start), which the other worker fills (docs/measurements.md). Each worker has its own local Ray.
+TEST_WORKERS ?= 2
 test: lint browser
-	$(VENV)/bin/pytest -m "not accelerator_layout"
-	$(VENV)/bin/pytest -m accelerator_layout
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not accelerator_layout"
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup -m accelerator_layout
 
 # The HTML report is tested in a real headless Chromium: Debian's package, installed here as root.
 # Without it the browser tests skip, which .ci/run does not allow (.ci/allowed-skips).

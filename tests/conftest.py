@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alone import _one_at_a_time_when_alone  # noqa: F401  (an autouse fixture: `alone` tests run by themselves)
 from skip_policy import pytest_runtest_makereport  # noqa: F401  (a hook: under .ci/run a skip fails unless allowed)
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -148,12 +149,41 @@ def _orphan_engines() -> set[str]:
     return found
 
 
+# Session fixtures too costly to build once per pytest-xdist worker: their tests share one worker.
+SHARED_FIXTURES = ("engine_run",)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into its work units
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `make test` (pytest-xdist, `--dist loadgroup`) a module's tests stay on one worker, as
+    its module fixtures (servers, engines) are built once; tests on a costly shared session fixture
+    go together wherever their module is. Without `-n` the marks do nothing."""
+    groups: dict[pytest.Item, str] = {}
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        groups[item] = next((name for name in SHARED_FIXTURES if name in fixtures), item.nodeid.split("::")[0])
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+    # Groups are handed to workers in this order as they free up: the long (engine) ones first, so
+    # the short ones fill the end instead of one engine group running alone at the end.
+    engine = {groups[item] for item in items if item.get_closest_marker("engine")}
+    items.sort(key=lambda item: groups[item] not in engine)
+
+
+def _controller(session: pytest.Session) -> bool:
+    """Not a pytest-xdist worker: the process that sees the whole session."""
+    return not hasattr(session.config, "workerinput")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session.config.stash[_ORPHANS] = _orphan_engines()
+    if _controller(session):
+        session.config.stash[_ORPHANS] = _orphan_engines()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the session if any test left an engine process behind (the explicit-shutdown promise)."""
+    """Fail the session if any test left an engine process behind (the explicit-shutdown promise).
+    Checked once all workers are done: while one runs, another's engine may be between owners."""
+    if not _controller(session):
+        return
     left = _orphan_engines() - session.config.stash.get(_ORPHANS, set())
     if left:
         print(f"\nengine processes left behind: {sorted(left)}")

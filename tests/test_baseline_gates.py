@@ -240,6 +240,7 @@ perf:
 """
 
 
+@pytest.mark.alone
 def test_double_through_ray_a_5pc_slower_stream_fails(local_ray: object, tmp_path: Path) -> None:
     """The whole path: perf levels through Ray and the load generator (the test double streams at a
     set pace, on deadlines), stored, found in the root's catalog and judged. A test double never

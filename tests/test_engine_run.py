@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from own_processes import own_lines
 
 from fleet.analysis import parity as analysis
 from fleet.analysis import query
@@ -181,8 +182,8 @@ def test_report_recomputes_from_parquet_alone(engine_run: Path) -> None:
 def test_no_engine_process_left_behind(engine_run: Path) -> None:
     # Killed actors' workers exit asynchronously; give them a moment before reading the table.
     for _ in range(50):
-        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-        leftovers = [line for line in ps.splitlines() if "ray::TargetActor" in line or "EngineCore" in line]
+        ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+        leftovers = [line for line in own_lines(ps) if "ray::TargetActor" in line or "EngineCore" in line]
         if not leftovers:
             break
         time.sleep(0.2)

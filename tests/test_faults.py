@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from own_processes import own_lines
 
 from fleet.results import reader
 from fleet.run import driver
@@ -64,8 +65,8 @@ def assert_exactly_once(run_dir: Path, *, models: int = 2, prompts: int = 6, tok
 
 
 def actor_processes() -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in ps.splitlines() if "ray::TargetActor" in line]
+    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+    return [line for line in own_lines(ps) if "ray::TargetActor" in line]
 
 
 def assert_no_actors_left() -> None:

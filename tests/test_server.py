@@ -18,6 +18,7 @@ from typing import Any
 
 import polars as pl
 import pytest
+from own_processes import own
 
 from fleet.contracts.errors import UserError
 
@@ -66,7 +67,7 @@ def processes_with(marker: str, group: int | None = None) -> list[int]:
             state, _, pgrp = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:3]
         except (OSError, IndexError, ValueError):
             continue
-        if marker in cmdline and state != "Z" and group in (None, int(pgrp)):
+        if marker in cmdline and state != "Z" and group in (None, int(pgrp)) and own(proc.name):
             pids.append(int(proc.name))
     return sorted(pids)
 
