@@ -41,8 +41,8 @@ lint: setup
 # a Ray start), which the other worker fills (docs/measurements.md). Each worker has its own local Ray.
 TEST_WORKERS ?= 2
 test: lint browser
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not accelerator_layout"
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup -m accelerator_layout
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope -m "not accelerator_layout"
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope -m accelerator_layout
 
 # The HTML report is tested in a real headless Chromium: Debian's package, installed here as root.
 # Without it the browser tests skip, which .ci/run does not allow (.ci/allowed-skips).

@@ -3,6 +3,7 @@ starting vLLM costs seconds per engine, so no test starts its own."""
 
 from __future__ import annotations
 
+import functools
 import os
 import textwrap
 from collections.abc import Iterator
@@ -149,24 +150,38 @@ def _orphan_engines() -> set[str]:
     return found
 
 
-# Session fixtures too costly to build once per pytest-xdist worker: their tests share one worker.
+# Session fixtures too costly to build once per pytest-xdist worker: the modules using one share a worker.
 SHARED_FIXTURES = ("engine_run",)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into its work units
+@functools.cache
+def _work_unit(module: str) -> str:
+    """What runs on one worker: a module (its module fixtures, servers and engines, are built once),
+    or every module on a costly shared session fixture together."""
+    source = (Path(__file__).parents[1] / module).read_text()
+    return next((name for name in SHARED_FIXTURES if f"{name}:" in source), module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test` runs `-n 2 --dist loadscope`: xdist's own scopes are modules, ours are `_work_unit`s.
+    (Its `loadgroup` marks are lost on pytest 9: it renames nodes through an attribute pytest 9 dropped.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid.split("::")[0])
+
+    return ByWorkUnit(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `make test` (pytest-xdist, `--dist loadgroup`) a module's tests stay on one worker, as
-    its module fixtures (servers, engines) are built once; tests on a costly shared session fixture
-    go together wherever their module is. Without `-n` the marks do nothing."""
-    groups: dict[pytest.Item, str] = {}
-    for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        groups[item] = next((name for name in SHARED_FIXTURES if name in fixtures), item.nodeid.split("::")[0])
-        item.add_marker(pytest.mark.xdist_group(groups[item]))
-    # Groups are handed to workers in this order as they free up: the long (engine) ones first, so
-    # the short ones fill the end instead of one engine group running alone at the end.
-    engine = {groups[item] for item in items if item.get_closest_marker("engine")}
-    items.sort(key=lambda item: groups[item] not in engine)
+    """Work units go to workers in collection order as they free up: the engine ones first, so the
+    short ones fill the end instead of one engine unit running alone at the end."""
+    engine = {_work_unit(item.nodeid.split("::")[0]) for item in items if item.get_closest_marker("engine")}
+    items.sort(key=lambda item: _work_unit(item.nodeid.split("::")[0]) not in engine)
 
 
 def _controller(session: pytest.Session) -> bool:

@@ -43,6 +43,12 @@ MANIFEST = textwrap.dedent(
 )
 
 
+# A hung shard waits this long. A healthy shard of the test double takes well under a second, but a
+# loaded machine (`make test` runs two workers) can stretch a call by seconds: a tighter deadline
+# failed healthy shards too.
+HANG_TIMEOUT_S = 12
+
+
 def write_manifest(tmp: Path, *, cand: str = "", timeout: float = 60, attempts: int = 3, prompts: int = 6) -> Path:
     lines = "\n".join(f'    - {{id: q{i}, prompt: "question {i}"}}' for i in range(prompts))
     path = tmp / "m.yaml"
@@ -103,7 +109,9 @@ def test_actor_killed_mid_shard_is_replaced_and_the_shard_retried(local_ray: Any
 def test_hung_shard_times_out_and_is_retried(local_ray: Any, tmp_path: Path) -> None:
     faults = tmp_path / "faults"
     faults.mkdir()
-    manifest = write_manifest(tmp_path, cand=f", fault_dir: {faults}, hang_shards: [m2/cand/p/00000]", timeout=4)
+    manifest = write_manifest(
+        tmp_path, cand=f", fault_dir: {faults}, hang_shards: [m2/cand/p/00000]", timeout=HANG_TIMEOUT_S
+    )
     run_dir, outcome = run(manifest, tmp_path, "hang")
     assert (faults / "hang-m2_cand_p_00000").exists()
     assert outcome.retries >= 1 and not outcome.partial
@@ -116,7 +124,7 @@ def test_shard_failing_every_attempt_is_recorded_and_the_rest_completes(local_ra
     faults.mkdir()
     # One attempt only: the hang is never retried, so the shard fails and is recorded.
     manifest = write_manifest(
-        tmp_path, cand=f", fault_dir: {faults}, hang_shards: [m1/cand/p/00002]", timeout=3, attempts=1
+        tmp_path, cand=f", fault_dir: {faults}, hang_shards: [m1/cand/p/00002]", timeout=HANG_TIMEOUT_S, attempts=1
     )
     proc = cli_run(manifest, tmp_path / "r", local_ray)
     assert proc.returncode == 3, proc.stderr  # partial
