@@ -5,7 +5,12 @@ Each figure is the one fleet/analysis/parity.py and divergence.py give, recomput
 prompts (a prompt drawn twice counts twice): rates and means as weighted sums over per-prompt sums
 and counts, the TF p99 with bootstrap.resampled_quantiles (numpy's "linear" quantile of the drawn
 prompts' values), the TF max as the largest value of a drawn prompt, and the divergence counts as
-counts of the drawn prompts. With every prompt drawn once each is the report's figure.
+counts of the drawn prompts. Ratio-of-sums figures take per-prompt sums, so that a resample weighs
+each drawn token as the report does: mae and kl_topk_mean a sum and a count per prompt, pearson_r
+the six sums of its common-prefix pairs (n, x, y, x^2, y^2, xy, the values centred on the
+candidate's means first: r does not change, the cancellation in x^2 - mean^2 does), and
+first_divergence_mean each diverged prompt's first divergence. With every prompt drawn once each
+is the report's figure.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import polars as pl
 
 from fleet.analysis import divergence, perf_resample, ties
 from fleet.analysis.bootstrap import draws, resampled_quantiles
-from fleet.analysis.parity import CAND, RUN, split
+from fleet.analysis.parity import CAND, PROMPT, RUN, split
+from fleet.results import prompt_stats
 
 _F64 = pl.Float64
 # Per-prompt columns (NaN: the prompt has no value) whose figure is their mean over prompts.
@@ -28,7 +34,18 @@ _PROMPT_MEANS = {
     "first_prob_rel_err_mean": "_first_rel",
     "first_top1_agreement_excl_ties": "_first_ok",
     "seq_match_rate_excl_ties": "_not_real",
+    "first_divergence_mean": "_first_divergence",
 }
+# Per-prompt (sum, count) columns whose figure is sum / count over the drawn prompts.
+_PROMPT_RATIOS = {
+    "token_match_rate": ("_matched", "_total"),
+    "tf_top1_agreement": ("_agreed", "_scored"),
+    "mae": ("_abs_sum", "_pairs"),
+    "kl_topk_mean": ("_kl_sum", "_kl_n"),
+}
+_PEARSON = ("_pairs", "_sx", "_sy", "_sxx", "_syy", "_sxy")  # per prompt, of centred common-prefix pairs
+# A variance this small relative to the mean square is rounding: the values were equal (r undefined).
+_FLAT = 1e-12
 # Per-prompt columns whose figure is their sum over prompts.
 _PROMPT_COUNTS = {
     "real_divergences": "_real",
@@ -38,7 +55,7 @@ _PROMPT_COUNTS = {
     "tokens_total": "_total",
 }
 RESAMPLED = sorted(
-    {*_PROMPT_MEANS, *_PROMPT_COUNTS, "token_match_rate", "tf_top1_agreement"}
+    {*_PROMPT_MEANS, *_PROMPT_COUNTS, *_PROMPT_RATIOS, "pearson_r"}
     | {f"tf_{s}_abs_logprob_diff" for s in ("mean", "max", "p99")}
 )
 
@@ -64,10 +81,11 @@ class Prompts:
                 return (w @ np.nan_to_num(x)) / (w @ ~np.isnan(x))
             if metric in _PROMPT_COUNTS:
                 return w @ c[_PROMPT_COUNTS[metric]]
-            if metric == "token_match_rate":
-                return (w @ c["_matched"]) / (w @ c["_total"])
-            if metric == "tf_top1_agreement":
-                return (w @ c["_agreed"]) / (w @ c["_scored"])
+            if metric in _PROMPT_RATIOS:
+                total, count = _PROMPT_RATIOS[metric]
+                return (w @ c[total]) / (w @ c[count])
+            if metric == "pearson_r":
+                return _pearson(*(w @ c[name] for name in _PEARSON))
             values, unit = self.tf_diff, self.tf_prompt
             if not len(values) or np.isnan(values).any():  # the report's figure is null: nothing to resample
                 return np.full(len(drawn), np.nan)
@@ -82,6 +100,16 @@ class Prompts:
             if metric == "tf_p99_abs_logprob_diff":
                 return resampled_quantiles(values, unit, drawn, divergence.NOISE_QUANTILE)
         raise ValueError(f"no resampled parity figure {metric!r}; known: {', '.join(RESAMPLED)}")
+
+
+def _pearson(
+    n: np.ndarray, sx: np.ndarray, sy: np.ndarray, sxx: np.ndarray, syy: np.ndarray, sxy: np.ndarray
+) -> np.ndarray:
+    """Pearson r from the sums of each resample (NaN, as the report's null: under two pairs, or no spread)."""
+    mx, my = sx / n, sy / n
+    var_x, var_y = sxx / n - mx * mx, syy / n - my * my
+    flat = (var_x <= _FLAT * sxx / n) | (var_y <= _FLAT * syy / n) | (n < 2)
+    return np.where(flat, np.nan, (sxy / n - mx * my) / np.sqrt(np.abs(var_x * var_y)))
 
 
 def prompt_frame(seqs: pl.DataFrame, first: pl.DataFrame, per_prompt: pl.DataFrame) -> pl.DataFrame:
@@ -105,6 +133,7 @@ def prompt_frame(seqs: pl.DataFrame, first: pl.DataFrame, per_prompt: pl.DataFra
             _matched=pl.col("tokens_matched").cast(_F64).fill_null(0),
             _total=pl.col("tokens_total").cast(_F64).fill_null(0),
             _diverged=pl.col("first_divergence").is_not_null().cast(_F64),
+            _first_divergence=pl.col("first_divergence").cast(_F64).fill_null(np.nan),  # NaN: not diverged
             _real=(kind == "divergence").fill_null(False).cast(_F64),
             _tie=(kind == "near tie").fill_null(False).cast(_F64),
         )
@@ -120,31 +149,60 @@ def _per_prompt(value: pl.Expr) -> pl.Expr:
 
 
 def candidates(prompts: pl.DataFrame, tokens: pl.LazyFrame, reference: str) -> dict[tuple[str, str], Prompts]:
-    """(model, target) -> its Prompts: `prompts` from prompt_frame, the TF values from the token rows
-    (read one candidate at a time, four columns: the per-token values the TF quantile needs)."""
-    _, cand_tok = split(tokens, reference)
-    agreement = ties.top1_agreement(ties.longest_topk(cand_tok))
-    diff = (pl.col("logprob").cast(_F64) - pl.col("ref_logprob").cast(_F64)).abs()
+    """(model, target) -> its Prompts: `prompts` from prompt_frame, the TF values and the per-prompt
+    sums from the token rows (read one candidate at a time: its logprobs, the reference's free-running
+    logprob at the same position for the common prefix, the top-k lists for agreement and KL)."""
+    ref_tok, cand_tok = split(tokens, reference)
+    k = ties.longest_topk(cand_tok)
+    lp, ref_lp = pl.col("logprob").cast(_F64), pl.col("ref_logprob").cast(_F64)
+    kl = pl.when(prompt_stats.both_topk()).then(prompt_stats.kl(k))  # as parity.kl_topk: scored rows only
     out = {}
     for (model, target), part in prompts.group_by(RUN, maintain_order=True):
-        index = part.select(*CAND).with_row_index("_p")
+        index = part.select(*CAND, "_first_divergence").with_row_index("_p")
         rows = (
             cand_tok.filter((pl.col("model") == model) & (pl.col("target") == target))
-            .select(*CAND, _diff=diff, _agreed=agreement)
+            .select(*CAND, "position", _lp=lp, _diff=(lp - ref_lp).abs(), _agreed=ties.top1_agreement(k), _kl=kl)
+            .join(
+                ref_tok.filter(pl.col("model") == model).select(*PROMPT, "position", _ref_lp=lp),
+                on=[*PROMPT, "position"],
+                how="left",
+            )
             .collect()
             .join(index, on=CAND, how="inner")
         )
-        per = rows.group_by("_p").agg(
-            _agreed=pl.col("_agreed").cast(_F64).sum(), _scored=pl.col("_agreed").is_not_null().sum().cast(_F64)
-        )
-        per = index.select("_p").join(per, on="_p", how="left").sort("_p").fill_null(0)
-        scored = rows.filter(pl.col("_diff").is_not_null())
+        unit = rows["_p"].cast(pl.Int64).to_numpy()
         columns = {c: part[c].to_numpy() for c in part.columns if c.startswith("_")}
-        columns |= {c: per[c].to_numpy() for c in ("_agreed", "_scored")}
-        out[(str(model), str(target))] = Prompts(
-            columns, scored["_diff"].to_numpy(), scored["_p"].cast(pl.Int64).to_numpy()
-        )
+        columns |= _sums(rows, unit, len(index))
+        scored = rows["_diff"].is_not_null().to_numpy()
+        out[(str(model), str(target))] = Prompts(columns, rows["_diff"].to_numpy()[scored], unit[scored])
     return out
+
+
+def _sums(rows: pl.DataFrame, unit: np.ndarray, n_prompts: int) -> dict[str, np.ndarray]:
+    """Per-prompt sums of a candidate's token rows (`unit`: each row's prompt): TF agreement, KL and
+    the common-prefix pairs. A NaN among a figure's values makes every prompt's sum NaN, so that
+    every resample is NaN where the report's figure is null (fleet/analysis/missing.py)."""
+
+    def per_prompt(at: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
+        return np.bincount(at, weights=values, minlength=n_prompts).astype(float)
+
+    agreed = rows["_agreed"].cast(_F64).to_numpy()  # null (unscored): NaN
+    scored = ~np.isnan(agreed)
+    has_kl = rows["_kl"].is_not_null().to_numpy()
+    out = {"_agreed": per_prompt(unit[scored], agreed[scored]), "_scored": per_prompt(unit[scored])}
+    out |= {"_kl_sum": per_prompt(unit[has_kl], rows["_kl"].to_numpy()[has_kl]), "_kl_n": per_prompt(unit[has_kl])}
+    # The common prefix: positions before the first divergence (all of them if none) where the
+    # reference has its own row, as parity.parity joins the two sides.
+    first, position = rows["_first_divergence"].to_numpy(), rows["position"].to_numpy()
+    prefix = rows["_ref_lp"].is_not_null().to_numpy() & (np.isnan(first) | (position < first))
+    at, x, y = unit[prefix], rows["_lp"].to_numpy()[prefix], rows["_ref_lp"].to_numpy()[prefix]
+    out |= {"_pairs": per_prompt(at), "_abs_sum": per_prompt(at, np.abs(x - y))}
+    if x.size:  # r does not move; the sums of squares lose no digits to the means
+        x, y = x - x.mean(), y - y.mean()
+    out |= {
+        f"_s{name}": per_prompt(at, v) for name, v in (("x", x), ("y", y), ("xx", x * x), ("yy", y * y), ("xy", x * y))
+    }
+    return {name: np.full(n_prompts, np.nan) if np.isnan(v).any() else v for name, v in out.items()}
 
 
 def delta_intervals(

@@ -20,6 +20,7 @@ moves every request alike. A gate's `ratio` is the margin for it (docs/metrics.m
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,12 +124,14 @@ def ratio_interval(
         return bounds(m / b)
 
 
-def delta_interval(
-    column: str, a: Level, b: Level, *, resamples: int = RESAMPLES, seed: int = 0
-) -> tuple[float, float]:
-    """95 % interval of b - a for one figure, both runs' requests resampled independently."""
-    ra, rb = _resampled(column, a, b, resamples=resamples, seed=seed)
-    return bounds(rb - ra)
+def delta_intervals(
+    columns: Iterable[str], a: Level, b: Level, *, resamples: int = RESAMPLES, seed: int = 0
+) -> dict[str, tuple[float, float]]:
+    """column -> 95 % interval of b - a, both runs' requests resampled independently: one set of
+    draws per run for every figure (the draws `ratio_interval` takes for each figure alone)."""
+    rng = np.random.default_rng(seed)
+    drawn_a, drawn_b = draws(rng, a.n_requests, resamples), draws(rng, b.n_requests, resamples)
+    return {column: bounds(b.figure(column, drawn_b) - a.figure(column, drawn_a)) for column in columns}
 
 
 def levels(requests: pl.DataFrame, levels_table: pl.DataFrame) -> dict[tuple[str, str, str, int], Level]:

@@ -149,9 +149,9 @@ def _delta_intervals(a: RunReport, b: RunReport) -> pl.DataFrame:
     rows = []
     for key in sorted(levels_a.keys() & levels_b.keys()):
         model, target, scenario, level = key
-        for metric in sorted(RESAMPLED):
-            low, high = perf_resample.delta_interval(metric.removeprefix("perf_"), levels_a[key], levels_b[key])
-            rows.append((model, target, perf_key(metric, scenario, level), low, high))
+        metrics = {metric.removeprefix("perf_"): metric for metric in sorted(RESAMPLED)}
+        intervals = perf_resample.delta_intervals(metrics, levels_a[key], levels_b[key])
+        rows += [(model, target, perf_key(metrics[c], scenario, level), *ci) for c, ci in intervals.items()]
     rows += _parity_intervals(a, b)
     schema = {**dict.fromkeys(_KEYS, pl.String), "delta_ci_low": pl.Float64, "delta_ci_high": pl.Float64}
     return pl.DataFrame(rows, schema=schema, orient="row").fill_nan(None)
