@@ -4,8 +4,9 @@ For every model x target in either run, each metric from A and from B (parity, t
 accuracy, the probes' summaries: fleet.report.model.RunReport.metric_frames), the delta B - A,
 its 95 % interval where the figure can be resampled, and whether that delta is better or worse
 (by the metric's direction). A perf figure's interval resamples both runs' requests at that level
-(fleet/analysis/perf_resample.py), a parity figure's both runs' prompts (fleet/analysis/parity_resample.py):
-a delta whose interval holds 0 is within the runs' noise. With gates, each run is
+(fleet/analysis/perf_resample.py), a parity figure's both runs' prompts (fleet/analysis/parity_resample.py),
+task accuracy's their task items and a parity-under-load figure's their load prompts
+(fleet/analysis/item_resample.py): a delta whose interval holds 0 is within the runs' noise. With gates, each run is
 judged by the same gates and the verdicts sit next to the metric, so a PASS -> FAIL is a
 regression to look at. What changed in the environment (versions, devices, weights) is
 listed separately, since it is usually the explanation.
@@ -19,7 +20,7 @@ from pathlib import Path
 import polars as pl
 
 from fleet.analysis import gates as gate_mod
-from fleet.analysis import parity_resample, perf_resample
+from fleet.analysis import item_resample, parity_resample, perf_resample
 from fleet.contracts.gates import METRICS, RESAMPLED, Gate, perf_key
 from fleet.report import columns
 from fleet.report.model import RunReport
@@ -143,8 +144,9 @@ def compare(run_a: Run, run_b: Run, *, gates: Sequence[Gate] | None = None) -> p
 
 def _delta_intervals(a: RunReport, b: RunReport) -> pl.DataFrame:
     """model, target, metric, delta_ci_low, delta_ci_high: the 95 % interval of b - a of every perf
-    figure both runs measured at the same scenario and level, requests resampled, and of every
-    resampled parity figure of a candidate in both runs, prompts resampled."""
+    figure both runs measured at the same scenario and level, requests resampled; of every
+    resampled parity figure of a candidate in both runs, prompts resampled; of task accuracy, task
+    items resampled; and of the parity-under-load figures, each target's load prompts resampled."""
     levels_a, levels_b = (perf_resample.levels(r.tables["perf_requests"], r.tables["perf_levels"]) for r in (a, b))
     rows = []
     for key in sorted(levels_a.keys() & levels_b.keys()):
@@ -153,6 +155,10 @@ def _delta_intervals(a: RunReport, b: RunReport) -> pl.DataFrame:
         intervals = perf_resample.delta_intervals(metrics, levels_a[key], levels_b[key])
         rows += [(model, target, perf_key(metrics[c], scenario, level), *ci) for c, ci in intervals.items()]
     rows += _parity_intervals(a, b)
+    if a.judged is not None and b.judged is not None:
+        rows += item_resample.accuracy_intervals(a.judged, b.judged, b.reference)
+    if a.load_prompts is not None and b.load_prompts is not None:
+        rows += item_resample.load_intervals(a.load_prompts, b.load_prompts)
     schema = {**dict.fromkeys(_KEYS, pl.String), "delta_ci_low": pl.Float64, "delta_ci_high": pl.Float64}
     return pl.DataFrame(rows, schema=schema, orient="row").fill_nan(None)
 
