@@ -19,10 +19,12 @@ import numpy as np
 import polars as pl
 import pytest
 from test_compare import write_run
+from test_perf import _request
 
-from fleet.analysis import bootstrap, parity
+from fleet.analysis import bootstrap, parity, perf, perf_resample
 from fleet.analysis.perf_resample import RESAMPLES
 from fleet.contracts import schema
+from fleet.contracts.gates import PERF_COLUMNS
 from fleet.report import compare
 from fleet.results import reader
 from fleet.results.store import RunStore
@@ -236,3 +238,42 @@ def test_load_parity_intervals_match_a_loop_over_resampled_prompts(tmp_path: Pat
         low, high = _interval([fb[column] - fa[column] for fa, fb in zip(fig_a, fig_b, strict=True)])
         assert (row["delta_ci_low"], row["delta_ci_high"]) == (low, high), metric
         assert low <= row["delta"] <= high and high > low
+
+
+def test_perf_counts_goodput_and_parity_latencies_drawn_once_are_the_reports() -> None:
+    """Every perf figure compare resamples (n_errors, goodput and SLO share with the others) and the
+    parity runs' latency quantiles: each request drawn once gives perf.summary's / parity.throughput's."""
+    rows = [
+        _request(0, 0.2, [0.1, 0.1, 0.1, 0.1], 0.6),
+        _request(1, 0.4, [0.1, 0.1, 0.1, 0.5], 1.2, delay=0.05),
+        _request(2, 0.3, [], 0.3),
+        _request(3, 0.0, [], 0.0, error="HTTPError: 500") | {"ttft_s": None, "e2e_s": None},
+        _request(4, 0.25, [0.2, 0.3], 0.75),
+    ]
+    requests = pl.DataFrame(rows, schema=pl.from_arrow(schema.PERF_REQUESTS.empty_table()).schema)  # type: ignore[union-attr]
+    levels = pl.DataFrame([{"model": "m", "model_weights": "w", "target": "t", "scenario": "s", "level": 2}])
+    levels = levels.with_columns(wall_s=pl.lit(2.0), request_rate=pl.lit(None, pl.Float64))
+    slos = {"s": {"e2e_s": 0.7, "ttft_s": None, "tpot_s": None}}
+    [expected] = perf.summary(requests, levels, slos).to_dicts()
+    assert 0 < expected["slo_share"] < 1 and expected["n_errors"] == 1
+    [level] = perf_resample.levels(requests, levels, slos=slos).values()
+    once = np.ones((1, level.n_requests), dtype=np.int64)
+    for column in PERF_COLUMNS:
+        assert level.figure(column, once)[0] == pytest.approx(expected[column], rel=1e-12), column
+    # Without an SLO the goodput figures are null, and so is every resample of them.
+    [no_slo] = perf_resample.levels(requests, levels).values()
+    assert np.isnan(no_slo.figure("goodput_qps", once)).all()
+
+    parity_requests = pl.DataFrame(
+        [
+            {"model": "m", "target": "t", "prompt_set": "s", "prompt_id": f"p{i}", "ttft_s": 0.01 * (i % 3 + 1)}
+            | {"tpot_s": None if i == 2 else 0.002 * i, "e2e_s": 0.1 * i, "n_prompt_tokens": 4, "n_output_tokens": 3}
+            for i in range(7)
+        ]
+    )
+    shards = pl.DataFrame({"model": ["m"], "target": ["t"], "n_output_tokens": [21], "wall_s": [1.0]})
+    [measured] = parity.throughput(parity_requests, shards).to_dicts()
+    [run] = perf_resample.parity_runs(parity_requests).values()
+    once = np.ones((1, 7), dtype=np.int64)
+    for column in perf_resample.PARITY_LATENCIES:
+        assert run.figure(column, once)[0] == pytest.approx(measured[column], rel=1e-12), column

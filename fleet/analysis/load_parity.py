@@ -94,9 +94,14 @@ def evaluate(
     load_req = _labelled(load_requests).collect()
     if load_req.is_empty():
         keys = {"model": pl.String, "target": pl.String, "scenario": pl.String, "level": pl.Int32}
-        prompts = pl.DataFrame(schema=keys | {"prompt_set": pl.String, "prompt_id": pl.String})
-        prompts = prompts.with_columns(real=pl.lit(None, pl.Boolean), real_vs_solo=pl.lit(None, pl.Boolean))
-        return pl.DataFrame(schema=dict.fromkeys(COLUMNS, pl.Float64)).cast(keys), prompts
+        prompts = {
+            **keys,
+            "prompt_set": pl.String,
+            "prompt_id": pl.String,
+            "real": pl.Boolean,
+            "real_vs_solo": pl.Boolean,
+        }
+        return pl.DataFrame(schema={**dict.fromkeys(COLUMNS, pl.Float64), **keys}), pl.DataFrame(schema=prompts)
     sets = load_req["prompt_set"].unique().to_list()
     is_ref = (pl.col("target") == reference) & pl.col("prompt_set").is_in(sets)
     # The reference's own greedy outputs (and its rows, which the parity functions look for).

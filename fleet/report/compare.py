@@ -21,7 +21,8 @@ import polars as pl
 
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import item_resample, parity_resample, perf_resample
-from fleet.contracts.gates import METRICS, RESAMPLED, Gate, perf_key
+from fleet.analysis.perf import slos
+from fleet.contracts.gates import METRICS, PERF_COLUMNS, Gate, perf_key
 from fleet.report import columns
 from fleet.report.model import RunReport
 from fleet.report.table import markdown
@@ -147,13 +148,18 @@ def _delta_intervals(a: RunReport, b: RunReport) -> pl.DataFrame:
     figure both runs measured at the same scenario and level, requests resampled; of every
     resampled parity figure of a candidate in both runs, prompts resampled; of task accuracy, task
     items resampled; and of the parity-under-load figures, each target's load prompts resampled."""
-    levels_a, levels_b = (perf_resample.levels(r.tables["perf_requests"], r.tables["perf_levels"]) for r in (a, b))
+    levels_a, levels_b = (
+        perf_resample.levels(r.tables["perf_requests"], r.tables["perf_levels"], slos=slos(r.info)) for r in (a, b)
+    )
     rows = []
     for key in sorted(levels_a.keys() & levels_b.keys()):
         model, target, scenario, level = key
-        metrics = {metric.removeprefix("perf_"): metric for metric in sorted(RESAMPLED)}
-        intervals = perf_resample.delta_intervals(metrics, levels_a[key], levels_b[key])
-        rows += [(model, target, perf_key(metrics[c], scenario, level), *ci) for c, ci in intervals.items()]
+        intervals = perf_resample.delta_intervals(PERF_COLUMNS, levels_a[key], levels_b[key])
+        rows += [(model, target, perf_key(f"perf_{c}", scenario, level), *ci) for c, ci in intervals.items()]
+    runs_a, runs_b = (perf_resample.parity_runs(r.tables["requests"]) for r in (a, b))
+    for key in sorted(runs_a.keys() & runs_b.keys()):
+        intervals = perf_resample.delta_intervals(perf_resample.PARITY_LATENCIES, runs_a[key], runs_b[key])
+        rows += [(*key, column, *ci) for column, ci in intervals.items()]
     rows += _parity_intervals(a, b)
     if a.judged is not None and b.judged is not None:
         rows += item_resample.accuracy_intervals(a.judged, b.judged, b.reference)
