@@ -277,3 +277,35 @@ def test_perf_counts_goodput_and_parity_latencies_drawn_once_are_the_reports() -
     once = np.ones((1, 7), dtype=np.int64)
     for column in perf_resample.PARITY_LATENCIES:
         assert run.figure(column, once)[0] == pytest.approx(measured[column], rel=1e-12), column
+
+
+def test_self_consistency_intervals_match_a_loop_over_resampled_prompts(tmp_path: Path) -> None:
+    """Two matrix variants of one base differing in one setting: eager-false leaves eager-true's
+    greedy path (a real divergence: 1 nat apart, not in each other's top-1) on the given prompts."""
+    variants = {
+        "v.eager-true": {"base": "v", "settings": {"enforce_eager": True}},
+        "v.eager-false": {"base": "v", "settings": {"enforce_eager": False}},
+    }
+    n = 10
+
+    def matrix_run(run_dir: Path, parting: set[int]) -> Path:
+        same, parted = _outputs(n, drift=0.0, diverge={}), _outputs(n, drift=0.0, diverge=dict.fromkeys(parting, 1))
+        reference = {f"q{i:03d}": list(REF) for i in range(n)}
+        run = write_run(run_dir, {"v.eager-true": same, "v.eager-false": parted}, reference=reference)
+        store = RunStore(run)
+        store.update_info(manifest_resolved=store.info()["manifest_resolved"] | {"variants": variants})
+        return run
+
+    parting_a, parting_b = {1, 4}, {0, 2, 5, 7, 9}
+    frame = compare.compare(matrix_run(tmp_path / "a", parting_a), matrix_run(tmp_path / "b", parting_b))
+    draws_a, draws_b = _loop_draws(n, n)
+    deltas = [
+        np.isin(b, list(parting_b)).sum() - np.isin(a, list(parting_a)).sum()
+        for a, b in zip(draws_a, draws_b, strict=True)
+    ]
+    low, high = _interval(deltas)
+    for variant in variants:
+        row = _row(frame, variant, "consistency_real_divergences")
+        assert (row["a"], row["b"]) == (2, 5)
+        assert (row["delta_ci_low"], row["delta_ci_high"]) == (low, high)
+        assert low < row["delta"] < high

@@ -9,6 +9,8 @@ prints beside their deltas (the perf and parity figures': perf_resample.py, pari
   parity prompt. Every level sends the same prompts, so a prompt is drawn once for all the target's
   levels, and a resample's figure is, as the report's, the most real divergences at any level:
   the drawn prompts' count at each level, its largest.
+* Self-consistency (consistency_real_divergences): the unit is the model's prompt; a resample's
+  figure is, per variant, the drawn prompts' real divergences summed over the pairs it is in.
 
 Each run is resampled on its own (2,000 resamples, seed 0: draws for run A, then for run B, from one
 generator per model or target). With every unit drawn once a resample gives the report's figure.
@@ -105,4 +107,35 @@ def load_intervals(
         drawn_a, drawn_b = (draws(rng, _units(p).height, resamples) for p in (a, b))
         fig_a, fig_b = _load(a, drawn_a), _load(b, drawn_b)
         out += [(model, target, figure, *bounds(fig_b[figure] - fig_a[figure])) for figure in LOAD_FIGURES]
+    return out
+
+
+def _variant_counts(pairs: pl.DataFrame) -> pl.DataFrame:
+    """model, target (a variant), prompt_set, prompt_id, real: the prompt's real divergences over the
+    judged pairs the variant is in (consistency.per_variant's sum, per prompt)."""
+    judged = pairs.filter(pl.col("_judged")).with_columns(_real=(~pl.col("_near")).fill_null(False).cast(pl.Int64))
+    sides = [judged.select("model", *_ITEM, "_real", target=side) for side in ("target_a", "target_b")]
+    return pl.concat(sides).group_by("model", "target", *_ITEM).agg(real=pl.col("_real").sum())
+
+
+def consistency_intervals(
+    pairs_a: pl.DataFrame, pairs_b: pl.DataFrame, *, resamples: int = RESAMPLES, seed: int = 0
+) -> list[Interval]:
+    """The 95 % interval of b - a of consistency_real_divergences of every variant both runs compared
+    (`pairs_*`: consistency.prompt_pairs), each run's prompts resampled."""
+    counts_a, counts_b = _variant_counts(pairs_a), _variant_counts(pairs_b)
+    keys = ["model", "target"]
+    both = counts_a.select(keys).unique().join(counts_b.select(keys).unique(), on=keys).sort(keys)
+    out = []
+    for model, target in both.iter_rows():
+        rng = np.random.default_rng(seed)
+        mine = (pl.col("model") == model) & (pl.col("target") == target)
+        a, b = counts_a.filter(mine), counts_b.filter(mine)
+        figures = []
+        for side in (a, b):
+            units = _units(side)
+            drawn = draws(rng, units.height, resamples)
+            per_unit = side.join(units, on=_ITEM).sort("_unit")["real"].cast(pl.Float64).to_numpy()
+            figures.append(drawn.astype(float) @ per_unit)
+        out.append((model, target, "consistency_real_divergences", *bounds(figures[1] - figures[0])))
     return out

@@ -165,6 +165,8 @@ def _delta_intervals(a: RunReport, b: RunReport) -> pl.DataFrame:
         rows += item_resample.accuracy_intervals(a.judged, b.judged, b.reference)
     if a.load_prompts is not None and b.load_prompts is not None:
         rows += item_resample.load_intervals(a.load_prompts, b.load_prompts)
+    if a.consistency_prompts is not None and b.consistency_prompts is not None:
+        rows += item_resample.consistency_intervals(a.consistency_prompts, b.consistency_prompts)
     schema = {**dict.fromkeys(_KEYS, pl.String), "delta_ci_low": pl.Float64, "delta_ci_high": pl.Float64}
     return pl.DataFrame(rows, schema=schema, orient="row").fill_nan(None)
 

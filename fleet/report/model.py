@@ -85,7 +85,8 @@ class RunReport:
     sweeps: pl.DataFrame | None = None  # fleet.analysis.perf.sweep_curve; None: no scenario sweeps
     prompts: pl.DataFrame | None = None  # parity_resample.prompt_frame: every candidate prompt's figures
     judged: pl.DataFrame | None = None  # analysis.judged: every answer with an expected one (None: no such prompt)
-    load_prompts: pl.DataFrame | None = None  # load_parity.prompts: each load parity prompt's verdicts
+    load_prompts: pl.DataFrame | None = None  # load_parity.evaluate: each load parity prompt's verdicts
+    consistency_prompts: pl.DataFrame | None = None  # consistency.prompt_pairs: each variant pair's prompts
 
     @classmethod
     def build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None = None, top: int = 20) -> RunReport:
@@ -120,6 +121,7 @@ class RunReport:
         runs = perf_summary(t["perf_requests"], t["perf_levels"], slos(info)) if t["perf_levels"].height else None
         swept = {s["name"]: s["sweep"]["min_share"] for s in info.perf if s.get("sweep")}
         load = _load_parity(t, requests, tokens, ref, spec, parity)
+        compared = _consistency(requests, tokens, parity, variants) if variants else None
         report = cls(
             run_dir=run_dir,
             info=info,
@@ -140,7 +142,7 @@ class RunReport:
             logits=probes.logits_summary(probes.logits_errors(t["logits"], ref)) if t["logits"].height else None,
             layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
             matrix=None,
-            consistency=_consistency(requests, tokens, parity, variants) if variants else None,
+            consistency=consistency.self_consistency_of(compared) if compared is not None else None,
             noise_floor=_noise_floor(requests, stats if use_stats else tokens, repeats, stats=use_stats)
             if repeats
             else None,
@@ -153,6 +155,9 @@ class RunReport:
             prompts=parity_resample.prompt_frame(seqs, first, per_prompt),
             judged=judged if judged.height else None,
             load_prompts=load[1] if load else None,
+            consistency_prompts=compared.select("model", "target_a", "target_b", *_PROMPT[1:], "_near", "_judged")
+            if compared is not None
+            else None,
         )
         gates = gate_mod.from_info(info) if gates is None else list(gates)
         verdicts = report.evaluate(gates) if gates else None
@@ -379,9 +384,9 @@ def _environment(info: RunInfo) -> pl.DataFrame:
 def _consistency(
     requests: pl.DataFrame, tokens: pl.LazyFrame, parity: pl.DataFrame, variants: dict[str, dict[str, Any]]
 ) -> pl.DataFrame:
-    """Greedy self-consistency between variants that differ in one setting, their partings
-    judged by the parity's near-tie rule and noise model."""
-    return consistency.self_consistency(
+    """Greedy self-consistency per prompt (consistency.prompt_pairs) between variants that differ in
+    one setting, their partings judged by the parity's near-tie rule and noise model."""
+    return consistency.prompt_pairs(
         requests,
         {n: v["base"] for n, v in variants.items()},
         settings={n: v["settings"] for n, v in variants.items()},
