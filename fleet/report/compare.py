@@ -5,8 +5,9 @@ accuracy, the probes' summaries: fleet.report.model.RunReport.metric_frames), th
 its 95 % interval where the figure can be resampled, and whether that delta is better or worse
 (by the metric's direction). A perf figure's interval resamples both runs' requests at that level
 (fleet/analysis/perf_resample.py), a parity figure's both runs' prompts (fleet/analysis/parity_resample.py),
-task accuracy's their task items and a parity-under-load figure's their load prompts
-(fleet/analysis/item_resample.py): a delta whose interval holds 0 is within the runs' noise. With gates, each run is
+task accuracy's their task items, a parity-under-load figure's their load prompts and
+self-consistency's their prompts (fleet/analysis/item_resample.py): a delta whose interval holds 0
+is within the runs' noise. With gates, each run is
 judged by the same gates and the verdicts sit next to the metric, so a PASS -> FAIL is a
 regression to look at. What changed in the environment (versions, devices, weights) is
 listed separately, since it is usually the explanation.
@@ -145,9 +146,10 @@ def compare(run_a: Run, run_b: Run, *, gates: Sequence[Gate] | None = None) -> p
 
 def _delta_intervals(a: RunReport, b: RunReport) -> pl.DataFrame:
     """model, target, metric, delta_ci_low, delta_ci_high: the 95 % interval of b - a of every perf
-    figure both runs measured at the same scenario and level, requests resampled; of every
-    resampled parity figure of a candidate in both runs, prompts resampled; of task accuracy, task
-    items resampled; and of the parity-under-load figures, each target's load prompts resampled."""
+    figure both runs measured at the same scenario and level and of the parity runs' latency
+    quantiles, requests resampled; of every resampled parity figure of a candidate in both runs,
+    prompts resampled; of task accuracy, task items; of the parity-under-load figures, each target's
+    load prompts; of self-consistency, the model's prompts."""
     levels_a, levels_b = (
         perf_resample.levels(r.tables["perf_requests"], r.tables["perf_levels"], slos=slos(r.info)) for r in (a, b)
     )
@@ -157,9 +159,10 @@ def _delta_intervals(a: RunReport, b: RunReport) -> pl.DataFrame:
         intervals = perf_resample.delta_intervals(PERF_COLUMNS, levels_a[key], levels_b[key])
         rows += [(model, target, perf_key(f"perf_{c}", scenario, level), *ci) for c, ci in intervals.items()]
     runs_a, runs_b = (perf_resample.parity_runs(r.tables["requests"]) for r in (a, b))
-    for key in sorted(runs_a.keys() & runs_b.keys()):
-        intervals = perf_resample.delta_intervals(perf_resample.PARITY_LATENCIES, runs_a[key], runs_b[key])
-        rows += [(*key, column, *ci) for column, ci in intervals.items()]
+    for model, target in sorted(runs_a.keys() & runs_b.keys()):
+        run_a, run_b = runs_a[(model, target)], runs_b[(model, target)]
+        intervals = perf_resample.delta_intervals(perf_resample.PARITY_LATENCIES, run_a, run_b)
+        rows += [(model, target, column, *ci) for column, ci in intervals.items()]
     rows += _parity_intervals(a, b)
     if a.judged is not None and b.judged is not None:
         rows += item_resample.accuracy_intervals(a.judged, b.judged, b.reference)
@@ -240,8 +243,9 @@ def render(frame: pl.DataFrame, *, run_a: Run, run_b: Run) -> str:
 
 
 NO_INTERVAL = (
-    "delta 95 % CI: both runs resampled, a perf figure's requests, a parity figure's prompts; one holding 0 is "
-    "within the runs' noise. — : no interval for that figure (run totals, probe figures, one run only: docs/cli.md)."
+    "delta 95 % CI: both runs resampled, a perf figure's requests, a parity figure's prompts, task accuracy's "
+    "items; one holding 0 is within the runs' noise. — : no interval for that figure (run totals, the noise "
+    "model, probe figures, a figure one run lacks, too few prompts: docs/cli.md)."
 )
 
 
