@@ -12,7 +12,11 @@ fleet/analysis/perf.py gives, recomputed on the drawn requests:
   quantity: on a resample it scales with the drawn requests' summed e2e. A level keeps its slots
   busy, so its wall is their summed service time over the level; a resample's rate is the measured
   rate x (drawn tokens / all tokens) / (drawn e2e / all e2e). With every request drawn once it is
-  the measured figure exactly.
+  the measured figure exactly;
+* goodput_qps and goodput_tok_s as rates of the drawn requests that met the scenario's SLO,
+  slo_share as their share, n_errors as the drawn failed requests.
+
+The parity runs' requests resample the same way for their latency quantiles (`parity_runs`).
 
 What this interval does not hold is a whole run being slower (a busier machine that day): that
 moves every request alike. A gate's `ratio` is the margin for it (docs/metrics.md).
@@ -77,25 +81,29 @@ class Level:
     def n_requests(self) -> int:
         return len(self.done)
 
+    def _wall(self, w: np.ndarray) -> np.ndarray:
+        """Each resample's wall time: the level's, scaled by the drawn requests' summed e2e."""
+        e2e = np.nan_to_num(self.latency["e2e"])
+        return self.wall_s * (w @ e2e) / e2e.sum()
+
     def figure(self, column: str, drawn: np.ndarray) -> np.ndarray:
         """`column` of perf.summary (e.g. output_tok_s, ttft_p99_s) on each resample (rows of `drawn`)."""
         w = drawn.astype(float)
         with np.errstate(divide="ignore", invalid="ignore"):
             if column == "n_errors":
                 return w @ ~self.done
-            if column in _GOODPUT and self.good is None:  # the scenario sets no SLO: the figure is null
-                return np.full(len(w), np.nan)
-            if column == "slo_share":
-                return (w @ self.good) / w.sum(axis=1)
-            if column in _RATES or column in _GOODPUT:
-                good = self.good if self.good is not None else self.done
+            if column in _GOODPUT:
+                if self.good is None:  # the scenario sets no SLO: the figure is null
+                    return np.full(len(w), np.nan)
+                if column == "slo_share":
+                    return (w @ self.good) / w.sum(axis=1)
+                good = self.good if column == "goodput_qps" else self.good * self.n_out
+                return (w @ good) / self._wall(w)
+            if column in _RATES:
                 numerator = {"qps": self.done.astype(float), "output_tok_s": self.n_out}.get(
                     column, self.n_out + self.n_prompt
                 )
-                numerator = {"goodput_qps": good, "goodput_tok_s": good * self.n_out}.get(column, numerator)
-                e2e = np.nan_to_num(self.latency["e2e"])
-                wall = self.wall_s * (w @ e2e) / e2e.sum()
-                return (w @ numerator) / wall
+                return (w @ numerator) / self._wall(w)
             if column == "prefill_tok_s":
                 ttft = self.latency["ttft"]
                 measured = ~np.isnan(ttft)
