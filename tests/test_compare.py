@@ -234,7 +234,9 @@ def test_parity_resample_with_every_prompt_drawn_once_is_the_report(tmp_path: Pa
     assert reader.covers(run, "prompt_stats", "tokens") == stats
     report = compare.report(run)
     assert report.prompts is not None
-    (key, prompts), *_ = parity_resample.candidates(report.prompts, report.tokens, report.reference).items()
+    assert (report.prompt_stats is not None) == stats  # then agreement and KL sums come from prompt_stats
+    drawn = parity_resample.candidates(report.prompts, report.tokens, report.reference, stats=report.prompt_stats)
+    (key, prompts), *_ = drawn.items()
     assert key == ("m", "cand") and prompts.n_prompts == 12
     measured = report.parity.row(0, named=True)
     once = np.ones((1, prompts.n_prompts), dtype=np.int64)

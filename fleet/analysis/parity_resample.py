@@ -148,20 +148,29 @@ def _per_prompt(value: pl.Expr) -> pl.Expr:
     return pl.when(value.is_nan().any().over(RUN)).then(np.nan).otherwise(value.fill_null(np.nan))
 
 
-def candidates(prompts: pl.DataFrame, tokens: pl.LazyFrame, reference: str) -> dict[tuple[str, str], Prompts]:
+def candidates(
+    prompts: pl.DataFrame, tokens: pl.LazyFrame, reference: str, *, stats: pl.LazyFrame | None = None
+) -> dict[tuple[str, str], Prompts]:
     """(model, target) -> its Prompts: `prompts` from prompt_frame, the TF values and the per-prompt
-    sums from the token rows (read one candidate at a time: its logprobs, the reference's free-running
-    logprob at the same position for the common prefix, the top-k lists for agreement and KL)."""
+    sums from the token rows, one candidate at a time: its logprobs and the reference's free-running
+    logprob at the same position (the common prefix); the tie-aware agreement and KL sums from
+    `stats` (the run's prompt_stats, which hold them per prompt) or, without, from the top-k lists."""
     ref_tok, cand_tok = split(tokens, reference)
-    k = ties.longest_topk(cand_tok)
     lp, ref_lp = pl.col("logprob").cast(_F64), pl.col("ref_logprob").cast(_F64)
-    kl = pl.when(prompt_stats.both_topk()).then(prompt_stats.kl(k))  # as parity.kl_topk: scored rows only
+    per_row = {"_lp": lp, "_diff": (lp - ref_lp).abs()}
+    if stats is None:
+        k = ties.longest_topk(cand_tok)
+        per_row |= {
+            "_agreed": ties.top1_agreement(k),
+            "_kl": pl.when(prompt_stats.both_topk()).then(prompt_stats.kl(k)),
+        }
     out = {}
     for (model, target), part in prompts.group_by(RUN, maintain_order=True):
         index = part.select(*CAND, "_first_divergence").with_row_index("_p")
+        mine = (pl.col("model") == model) & (pl.col("target") == target)
         rows = (
-            cand_tok.filter((pl.col("model") == model) & (pl.col("target") == target))
-            .select(*CAND, "position", _lp=lp, _diff=(lp - ref_lp).abs(), _agreed=ties.top1_agreement(k), _kl=kl)
+            cand_tok.filter(mine)
+            .select(*CAND, "position", **per_row)
             .join(
                 ref_tok.filter(pl.col("model") == model).select(*PROMPT, "position", _ref_lp=lp),
                 on=[*PROMPT, "position"],
@@ -172,37 +181,70 @@ def candidates(prompts: pl.DataFrame, tokens: pl.LazyFrame, reference: str) -> d
         )
         unit = rows["_p"].cast(pl.Int64).to_numpy()
         columns = {c: part[c].to_numpy() for c in part.columns if c.startswith("_")}
-        columns |= _sums(rows, unit, len(index))
+        columns |= _prefix_sums(rows, unit, len(index))
+        columns |= _topk_sums(rows, unit, len(index)) if stats is None else _stats_sums(stats.filter(mine), index)
         scored = rows["_diff"].is_not_null().to_numpy()
         out[(str(model), str(target))] = Prompts(columns, rows["_diff"].to_numpy()[scored], unit[scored])
     return out
 
 
-def _sums(rows: pl.DataFrame, unit: np.ndarray, n_prompts: int) -> dict[str, np.ndarray]:
-    """Per-prompt sums of a candidate's token rows (`unit`: each row's prompt): TF agreement, KL and
-    the common-prefix pairs. A NaN among a figure's values makes every prompt's sum NaN, so that
-    every resample is NaN where the report's figure is null (fleet/analysis/missing.py)."""
+def _stats_sums(stats: pl.LazyFrame, index: pl.DataFrame) -> dict[str, np.ndarray]:
+    """The agreement and KL sums of `_topk_sums`, per prompt of `index`, from the candidate's prompt_stats
+    rows (what from_stats.figures sums: top1_agreed / top1_scored, kl_sum / kl_positions)."""
+    sums = (
+        index.lazy()
+        .join(
+            stats.select(*CAND, "top1_agreed", "top1_scored", "kl_sum", "kl_positions", "kl_nan"), on=CAND, how="left"
+        )
+        .sort("_p")
+        .collect()
+    )
+    out = {
+        name: sums[column].cast(_F64).fill_null(0).to_numpy()
+        for name, column in (("_agreed", "top1_agreed"), ("_scored", "top1_scored"), ("_kl_n", "kl_positions"))
+    }
+    out["_kl_sum"] = sums["kl_sum"].cast(_F64).fill_null(0).to_numpy()
+    if sums["kl_nan"].fill_null(False).any():  # the report's kl_topk_mean is null
+        out["_kl_sum"] = np.full(index.height, np.nan)
+    return out
 
-    def per_prompt(at: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
-        return np.bincount(at, weights=values, minlength=n_prompts).astype(float)
 
+def _summed(unit: np.ndarray, n_prompts: int, values: np.ndarray | None = None) -> np.ndarray:
+    """Per prompt, the sum of `values` (their count without) of the rows `unit` codes."""
+    return np.bincount(unit, weights=values, minlength=n_prompts).astype(float)
+
+
+def _whole(sums: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A NaN among a figure's values makes every prompt's sum NaN, so that every resample is NaN
+    where the report's figure is null (fleet/analysis/missing.py)."""
+    return {name: np.full(len(v), np.nan) if np.isnan(v).any() else v for name, v in sums.items()}
+
+
+def _topk_sums(rows: pl.DataFrame, unit: np.ndarray, n_prompts: int) -> dict[str, np.ndarray]:
+    """Per prompt, of a candidate's token rows (`unit`: each row's prompt): tie-aware top-1 agreements
+    and scored positions, KL sum and count."""
     agreed = rows["_agreed"].cast(_F64).to_numpy()  # null (unscored): NaN
-    scored = ~np.isnan(agreed)
-    has_kl = rows["_kl"].is_not_null().to_numpy()
-    out = {"_agreed": per_prompt(unit[scored], agreed[scored]), "_scored": per_prompt(unit[scored])}
-    out |= {"_kl_sum": per_prompt(unit[has_kl], rows["_kl"].to_numpy()[has_kl]), "_kl_n": per_prompt(unit[has_kl])}
-    # The common prefix: positions before the first divergence (all of them if none) where the
-    # reference has its own row, as parity.parity joins the two sides.
+    scored, has_kl = ~np.isnan(agreed), rows["_kl"].is_not_null().to_numpy()
+    out = {
+        "_agreed": _summed(unit[scored], n_prompts, agreed[scored]),
+        "_scored": _summed(unit[scored], n_prompts),
+    }
+    out |= {"_kl_sum": _summed(unit[has_kl], n_prompts, rows["_kl"].to_numpy()[has_kl])}
+    return _whole(out | {"_kl_n": _summed(unit[has_kl], n_prompts)})
+
+
+def _prefix_sums(rows: pl.DataFrame, unit: np.ndarray, n_prompts: int) -> dict[str, np.ndarray]:
+    """Per prompt, of its common prefix: positions before the first divergence (all of them if none)
+    where the reference has its own row, as parity.parity joins the two sides: the pairs, their
+    |d| sum, and the sums Pearson r needs."""
     first, position = rows["_first_divergence"].to_numpy(), rows["position"].to_numpy()
     prefix = rows["_ref_lp"].is_not_null().to_numpy() & (np.isnan(first) | (position < first))
     at, x, y = unit[prefix], rows["_lp"].to_numpy()[prefix], rows["_ref_lp"].to_numpy()[prefix]
-    out |= {"_pairs": per_prompt(at), "_abs_sum": per_prompt(at, np.abs(x - y))}
+    out = {"_pairs": _summed(at, n_prompts), "_abs_sum": _summed(at, n_prompts, np.abs(x - y))}
     if x.size:  # r does not move; the sums of squares lose no digits to the means
         x, y = x - x.mean(), y - y.mean()
-    out |= {
-        f"_s{name}": per_prompt(at, v) for name, v in (("x", x), ("y", y), ("xx", x * x), ("yy", y * y), ("xy", x * y))
-    }
-    return {name: np.full(n_prompts, np.nan) if np.isnan(v).any() else v for name, v in out.items()}
+    sums = (("x", x), ("y", y), ("xx", x * x), ("yy", y * y), ("xy", x * y))
+    return _whole(out | {f"_s{name}": _summed(at, n_prompts, v) for name, v in sums})
 
 
 def delta_intervals(

@@ -181,8 +181,10 @@ def _parity_intervals(a: RunReport, b: RunReport) -> list[tuple[str, str, str, f
     if prompts_a is None or prompts_b is None:
         return []
     both = prompts_a.select(RUN).unique().join(prompts_b.select(RUN).unique(), on=RUN)
-    side_a = parity_resample.candidates(prompts_a.join(both, on=RUN), a.tokens, a.reference)
-    side_b = parity_resample.candidates(prompts_b.join(both, on=RUN), b.tokens, b.reference)
+    side_a, side_b = (
+        parity_resample.candidates(p.join(both, on=RUN), r.tokens, r.reference, stats=r.prompt_stats)
+        for p, r in ((prompts_a, a), (prompts_b, b))
+    )
     rows = []
     for key in sorted(side_a.keys() & side_b.keys()):
         intervals = parity_resample.delta_intervals(side_a[key], side_b[key])

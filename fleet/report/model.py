@@ -87,6 +87,7 @@ class RunReport:
     judged: pl.DataFrame | None = None  # analysis.judged: every answer with an expected one (None: no such prompt)
     load_prompts: pl.DataFrame | None = None  # load_parity.evaluate: each load parity prompt's verdicts
     consistency_prompts: pl.DataFrame | None = None  # consistency.prompt_pairs: each variant pair's prompts
+    prompt_stats: pl.LazyFrame | None = None  # the prompt_stats table, scanned, where the figures came from it
 
     @classmethod
     def build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None = None, top: int = 20) -> RunReport:
@@ -155,6 +156,7 @@ class RunReport:
             prompts=parity_resample.prompt_frame(seqs, first, per_prompt),
             judged=judged if judged.height else None,
             load_prompts=load[1] if load else None,
+            prompt_stats=stats if use_stats else None,
             consistency_prompts=compared.select("model", "target_a", "target_b", *_PROMPT[1:], "_near", "_judged")
             if compared is not None
             else None,
