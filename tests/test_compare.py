@@ -234,15 +234,21 @@ def test_parity_resample_with_every_prompt_drawn_once_is_the_report(tmp_path: Pa
     assert reader.covers(run, "prompt_stats", "tokens") == stats
     report = compare.report(run)
     assert report.prompts is not None
-    (key, prompts), *_ = parity_resample.candidates(report.prompts, report.tokens, report.reference).items()
+    assert (report.prompt_stats is not None) == stats  # then agreement and KL sums come from prompt_stats
+    drawn = parity_resample.candidates(report.prompts, report.tokens, report.reference, stats=report.prompt_stats)
+    (key, prompts), *_ = drawn.items()
     assert key == ("m", "cand") and prompts.n_prompts == 12
     measured = report.parity.row(0, named=True)
     once = np.ones((1, prompts.n_prompts), dtype=np.int64)
-    for metric in parity_resample.RESAMPLED:  # the values are multiples of 1/16: sums in any order are exact
-        assert prompts.figure(metric, once)[0] == measured[metric], metric
+    # The logprobs are multiples of 1/16, so sums in any order are exact; r and KL take logs and roots.
+    inexact = {"pearson_r", "kl_topk_mean"}
+    for metric in parity_resample.RESAMPLED:
+        assert measured[metric] is not None, metric
+        expected = pytest.approx(measured[metric], rel=1e-12) if metric in inexact else measured[metric]
+        assert prompts.figure(metric, once)[0] == expected, metric
     assert measured["real_divergences"] + measured["near_ties"] == 4  # the classified divergences are resampled
-    with pytest.raises(ValueError, match="no resampled parity figure 'pearson_r'"):
-        prompts.figure("pearson_r", once)
+    with pytest.raises(ValueError, match="no resampled parity figure 'n_prompts'"):
+        prompts.figure("n_prompts", once)
 
 
 def test_parity_delta_interval_holds_the_delta_and_narrows_with_more_prompts(tmp_path: Path) -> None:
@@ -259,6 +265,5 @@ def test_parity_delta_interval_holds_the_delta_and_narrows_with_more_prompts(tmp
         # Identical in both runs: no spread at all; the reference is no candidate and gets no parity interval.
         top1 = _row(frame, "cand", "first_top1_agreement")
         assert (top1["delta"], top1["delta_ci_low"], top1["delta_ci_high"]) == (0.0, 0.0, 0.0)
-        assert _row(frame, "cand", "pearson_r")["delta_ci_low"] is None
     for metric in ("seq_match_rate", "token_match_rate", "tf_mean_abs_logprob_diff"):
         assert widths[(32, metric)] < widths[(8, metric)], metric

@@ -39,22 +39,12 @@ def self_consistency(
     (the tokens table) and `noise` (model, target, noise: noise_model.summary), n_near_ties and
     real_divergences (prompts whose outputs part beyond the noise), else those two are null.
     """
-    pairs = _pairs(variants_of, settings)
-    ids = pl.coalesce("output_token_ids", pl.lit([], dtype=pl.List(pl.Int32)))
-    outputs = requests.lazy().select("model", "target", "prompt_set", "prompt_id", _ids=ids)
-    on = ["model", "prompt_set", "prompt_id"]
-    compared = (
-        pairs.lazy()
-        .join(outputs.rename({"target": "target_a", "_ids": "_a"}), on="target_a", how="inner")
-        .join(outputs.rename({"target": "target_b", "_ids": "_b"}), on=[*on, "target_b"], how="inner")
-        .with_columns(same=pl.col("_a") == pl.col("_b"))
-        .with_columns(
-            _at=pl.when(~pl.col("same")).then(pl.struct("_a", "_b").map_elements(_parting, return_dtype=pl.Int64))
-        )
-        .sort("model", "target_a", "target_b", "prompt_set", "prompt_id")
-        .collect()
-    )
-    compared = _classified(compared, tokens, noise)
+    compared = prompt_pairs(requests, variants_of, settings=settings, tokens=tokens, noise=noise)
+    return self_consistency_of(compared)
+
+
+def self_consistency_of(compared: pl.DataFrame) -> pl.DataFrame:
+    """`self_consistency` from `prompt_pairs`' rows."""
     keys = ["model", "base", "target_a", "target_b", "differs_in"]
     first_diff = (
         compared.filter(~pl.col("same"))
@@ -78,6 +68,35 @@ def self_consistency(
         .join(first_diff, on=keys, how="left", nulls_equal=True)
         .sort("model", "base", "target_a", "target_b")
     )
+
+
+def prompt_pairs(
+    requests: Frame,
+    variants_of: Mapping[str, str],
+    *,
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
+    tokens: Frame | None = None,
+    noise: pl.DataFrame | None = None,
+) -> pl.DataFrame:
+    """`self_consistency` per prompt: model, base, target_a, target_b, differs_in, prompt_set,
+    prompt_id, same (identical outputs), _at (where they part), _near (a near tie; False: a real
+    divergence; null where identical or not judged) and _judged (tokens and noise were given)."""
+    pairs = _pairs(variants_of, settings)
+    ids = pl.coalesce("output_token_ids", pl.lit([], dtype=pl.List(pl.Int32)))
+    outputs = requests.lazy().select("model", "target", "prompt_set", "prompt_id", _ids=ids)
+    on = ["model", "prompt_set", "prompt_id"]
+    compared = (
+        pairs.lazy()
+        .join(outputs.rename({"target": "target_a", "_ids": "_a"}), on="target_a", how="inner")
+        .join(outputs.rename({"target": "target_b", "_ids": "_b"}), on=[*on, "target_b"], how="inner")
+        .with_columns(same=pl.col("_a") == pl.col("_b"))
+        .with_columns(
+            _at=pl.when(~pl.col("same")).then(pl.struct("_a", "_b").map_elements(_parting, return_dtype=pl.Int64))
+        )
+        .sort("model", "target_a", "target_b", "prompt_set", "prompt_id")
+        .collect()
+    )
+    return _classified(compared, tokens, noise)
 
 
 def per_variant(pairs: pl.DataFrame) -> pl.DataFrame:

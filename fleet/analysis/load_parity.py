@@ -58,7 +58,25 @@ def table(
     spec: NoiseSpec | None = None,
     noise: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
-    """One row per (model, target, scenario, level): the columns of COLUMNS.
+    """`evaluate`'s table."""
+    return evaluate(load_requests, load_tokens, requests, tokens, reference, spec=spec, noise=noise)[0]
+
+
+def evaluate(
+    load_requests: Frame,
+    load_tokens: Frame,
+    requests: Frame,
+    tokens: Frame,
+    reference: str,
+    *,
+    spec: NoiseSpec | None = None,
+    noise: pl.DataFrame | None = None,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(table, prompts). The table: one row per (model, target, scenario, level), the columns of COLUMNS.
+    The prompts: one row per parity prompt sent under load (PROMPT_COLUMNS), `real` whether it is a
+    real divergence from the reference, `real_vs_solo` whether its load output parts from its solo
+    one beyond the noise: the table's real_divergences and real_divergences_vs_solo per prompt, the
+    unit `fleet compare` resamples them by.
 
     real_divergences, near_ties, first_top1_agreement_excl_ties, tf_p99_abs_logprob_diff and noise
     are the load outputs' figures against the reference (divergence.summary); solo_* the same for
@@ -75,9 +93,15 @@ def table(
     spec = spec or NoiseSpec()
     load_req = _labelled(load_requests).collect()
     if load_req.is_empty():
-        return pl.DataFrame(schema=dict.fromkeys(COLUMNS, pl.Float64)).cast(
-            {"model": pl.String, "target": pl.String, "scenario": pl.String, "level": pl.Int32}
-        )
+        keys = {"model": pl.String, "target": pl.String, "scenario": pl.String, "level": pl.Int32}
+        prompts = {
+            **keys,
+            "prompt_set": pl.String,
+            "prompt_id": pl.String,
+            "real": pl.Boolean,
+            "real_vs_solo": pl.Boolean,
+        }
+        return pl.DataFrame(schema={**dict.fromkeys(COLUMNS, pl.Float64), **keys}), pl.DataFrame(schema=prompts)
     sets = load_req["prompt_set"].unique().to_list()
     is_ref = (pl.col("target") == reference) & pl.col("prompt_set").is_in(sets)
     # The reference's own greedy outputs (and its rows, which the parity functions look for).
@@ -111,14 +135,35 @@ def table(
     # Solo and load of one level are two variants of one base: compared with each other as matrix
     # variants are, by the same near-tie rule and the same noise.
     base = {label: label.rsplit(_SEP, 1)[0] for label in labels["target"].to_list()}
-    pairs = consistency.self_consistency(
+    compared = consistency.prompt_pairs(
         req.filter(pl.col("target") != reference),
         base,
         tokens=tok,
         noise=summary.select("model", "target", "noise"),
     )
+    pairs = consistency.self_consistency_of(compared)
     pairs = _unlabelled(pairs.with_columns(target=pl.col("target_a")))
-    return _assembled(_unlabelled(summary), pairs, load_req)
+    return _assembled(_unlabelled(summary), pairs, load_req), _prompts(per_prompt, compared)
+
+
+PROMPT_COLUMNS = [*LEVEL, "prompt_set", "prompt_id", "real", "real_vs_solo"]
+
+
+def _prompts(per_prompt: pl.DataFrame, compared: pl.DataFrame) -> pl.DataFrame:
+    """Per load prompt, as the table counts them: a real divergence from the reference (the load
+    phase's divergence.divergences), and from its solo output (the pair's prompt_pairs)."""
+    on = [*LEVEL, "prompt_set", "prompt_id"]
+    vs_solo = _unlabelled(compared.with_columns(target=pl.col("target_a"))).select(
+        *on, real_vs_solo=(~pl.col("_near")).fill_null(False)
+    )
+    load = _unlabelled(per_prompt).filter(pl.col("phase") == "load")
+    return (
+        load.select(*on, real=(pl.col("kind") == "divergence").fill_null(False))
+        .join(vs_solo, on=on, how="full", coalesce=True)
+        .with_columns(pl.col("real", "real_vs_solo").fill_null(False))
+        .select(PROMPT_COLUMNS)
+        .sort(on)
+    )
 
 
 def _assembled(summary: pl.DataFrame, pairs: pl.DataFrame, load_req: pl.DataFrame) -> pl.DataFrame:

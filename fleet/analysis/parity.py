@@ -283,6 +283,12 @@ def throughput(requests: Frame, shards: Frame) -> pl.DataFrame:
 def accuracy(requests: Frame, reference: str) -> pl.DataFrame:
     """Per (model, target) over prompts with an expected answer: accuracy = correct / n, in %;
     delta_points = accuracy - the reference's accuracy on the same model (fleet.prompts.is_correct)."""
+    return accuracy_of(judged(requests), reference)
+
+
+def judged(requests: Frame) -> pl.DataFrame:
+    """Every answer to a prompt with an expected one: CAND and `correct` (the task item, the unit
+    `fleet compare` resamples task accuracy by)."""
     from fleet.contracts.prompts import is_correct
 
     with_rule = requests.lazy().filter(pl.col("expected").is_not_null())
@@ -298,6 +304,11 @@ def accuracy(requests: Frame, reference: str) -> pl.DataFrame:
         )
     )
     judged = with_rule.join(verdicts, on=["expected", "output_text"], how="left", nulls_equal=True)
+    return judged.select(*CAND, "correct").sort(CAND).collect()
+
+
+def accuracy_of(judged: pl.DataFrame, reference: str) -> pl.DataFrame:
+    """`accuracy` from `judged`'s answers."""
     per_target = judged.group_by(RUN).agg(
         n_expected=pl.len(), n_correct=pl.col("correct").sum(), accuracy_pct=100 * pl.col("correct").mean()
     )
@@ -306,7 +317,6 @@ def accuracy(requests: Frame, reference: str) -> pl.DataFrame:
         per_target.join(ref, on="model", how="left")
         .with_columns(delta_points=pl.col("accuracy_pct") - pl.col("ref_accuracy_pct"))
         .sort(RUN)
-        .collect()
     )
 
 

@@ -79,7 +79,7 @@ def summary(
     columns both tables have that split the rows further (run_id, over a results root's runs)."""
     keys = [*by, *RUN]
     done = pl.col("error").is_null()
-    reqs = _runs(requests).with_columns(_good=_good(slos or {}))
+    reqs = _runs(requests).with_columns(_good=met_slo(slos or {}))
     completed = reqs.filter(done)
     counts = reqs.group_by(keys).agg(
         n_requests=pl.len(),
@@ -169,7 +169,7 @@ def _runs(frame: Frame) -> pl.LazyFrame:
     return lazy.with_columns(pl.col("probe").fill_null(0).cast(pl.Int32))
 
 
-def _good(slos: Mapping[str, Mapping[str, float | None]]) -> pl.Expr:
+def met_slo(slos: Mapping[str, Mapping[str, float | None]]) -> pl.Expr:
     """Per request: whether it met its scenario's SLO (null where the scenario sets none)."""
     good = pl.lit(None, dtype=pl.Boolean)
     for scenario, limits in slos.items():

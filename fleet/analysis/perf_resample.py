@@ -12,7 +12,11 @@ fleet/analysis/perf.py gives, recomputed on the drawn requests:
   quantity: on a resample it scales with the drawn requests' summed e2e. A level keeps its slots
   busy, so its wall is their summed service time over the level; a resample's rate is the measured
   rate x (drawn tokens / all tokens) / (drawn e2e / all e2e). With every request drawn once it is
-  the measured figure exactly.
+  the measured figure exactly;
+* goodput_qps and goodput_tok_s as rates of the drawn requests that met the scenario's SLO,
+  slo_share as their share, n_errors as the drawn failed requests.
+
+The parity runs' requests resample the same way for their latency quantiles (`parity_runs`).
 
 What this interval does not hold is a whole run being slower (a busier machine that day): that
 moves every request alike. A gate's `ratio` is the margin for it (docs/metrics.md).
@@ -20,6 +24,7 @@ moves every request alike. A gate's `ratio` is the margin for it (docs/metrics.m
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +36,7 @@ from fleet.analysis.bootstrap import draws, resampled_quantiles
 RESAMPLES = 2000
 LEVEL = 0.95  # the interval's coverage
 _RATES = {"qps", "output_tok_s", "total_tok_s"}
+_GOODPUT = {"goodput_qps", "goodput_tok_s", "slo_share"}  # a request counts when it met the SLO
 
 
 @dataclass(frozen=True)
@@ -44,11 +50,14 @@ class Level:
     itl: np.ndarray  # every gap of every completed request
     itl_request: np.ndarray  # the request of each gap
     wall_s: float
+    good: np.ndarray | None = None  # 1.0 where the request met its scenario's SLO, else 0.0 (None: no SLO)
 
     @classmethod
     def of(cls, requests: pl.DataFrame, wall_s: float) -> Level:
-        """From one level's perf_requests rows and its perf_levels wall_s."""
+        """From one level's perf_requests rows and its perf_levels wall_s (a `_good` column, as
+        `levels` adds: whether each request met the scenario's SLO)."""
         done = requests["error"].is_null().to_numpy()
+        good = requests["_good"] if "_good" in requests.columns else None
 
         def column(name: str) -> np.ndarray:
             values = requests[name].cast(pl.Float64).fill_null(np.nan).to_numpy().copy()
@@ -65,23 +74,36 @@ class Level:
             itl=gaps["itl_s"].to_numpy(),
             itl_request=gaps["request"].to_numpy(),
             wall_s=float(wall_s),
+            good=None if good is None or good.null_count() == len(good) else good.cast(pl.Float64).to_numpy(),
         )
 
     @property
     def n_requests(self) -> int:
         return len(self.done)
 
+    def _wall(self, w: np.ndarray) -> np.ndarray:
+        """Each resample's wall time: the level's, scaled by the drawn requests' summed e2e."""
+        e2e = np.nan_to_num(self.latency["e2e"])
+        return self.wall_s * (w @ e2e) / e2e.sum()
+
     def figure(self, column: str, drawn: np.ndarray) -> np.ndarray:
         """`column` of perf.summary (e.g. output_tok_s, ttft_p99_s) on each resample (rows of `drawn`)."""
         w = drawn.astype(float)
         with np.errstate(divide="ignore", invalid="ignore"):
+            if column == "n_errors":
+                return w @ ~self.done
+            if column in _GOODPUT:
+                if self.good is None:  # the scenario sets no SLO: the figure is null
+                    return np.full(len(w), np.nan)
+                if column == "slo_share":
+                    return (w @ self.good) / w.sum(axis=1)
+                good = self.good if column == "goodput_qps" else self.good * self.n_out
+                return (w @ good) / self._wall(w)
             if column in _RATES:
                 numerator = {"qps": self.done.astype(float), "output_tok_s": self.n_out}.get(
                     column, self.n_out + self.n_prompt
                 )
-                e2e = np.nan_to_num(self.latency["e2e"])
-                wall = self.wall_s * (w @ e2e) / e2e.sum()
-                return (w @ numerator) / wall
+                return (w @ numerator) / self._wall(w)
             if column == "prefill_tok_s":
                 ttft = self.latency["ttft"]
                 measured = ~np.isnan(ttft)
@@ -123,17 +145,24 @@ def ratio_interval(
         return bounds(m / b)
 
 
-def delta_interval(
-    column: str, a: Level, b: Level, *, resamples: int = RESAMPLES, seed: int = 0
-) -> tuple[float, float]:
-    """95 % interval of b - a for one figure, both runs' requests resampled independently."""
-    ra, rb = _resampled(column, a, b, resamples=resamples, seed=seed)
-    return bounds(rb - ra)
+def delta_intervals(
+    columns: Iterable[str], a: Level, b: Level, *, resamples: int = RESAMPLES, seed: int = 0
+) -> dict[str, tuple[float, float]]:
+    """column -> 95 % interval of b - a, both runs' requests resampled independently: one set of
+    draws per run for every figure (the draws `ratio_interval` takes for each figure alone)."""
+    rng = np.random.default_rng(seed)
+    drawn_a, drawn_b = draws(rng, a.n_requests, resamples), draws(rng, b.n_requests, resamples)
+    return {column: bounds(b.figure(column, drawn_b) - a.figure(column, drawn_a)) for column in columns}
 
 
-def levels(requests: pl.DataFrame, levels_table: pl.DataFrame) -> dict[tuple[str, str, str, int], Level]:
-    """(model, target, scenario, level) -> its Level, from a run's perf_requests and perf_levels."""
+def levels(
+    requests: pl.DataFrame, levels_table: pl.DataFrame, *, slos: Mapping[str, Mapping[str, float | None]] | None = None
+) -> dict[tuple[str, str, str, int], Level]:
+    """(model, target, scenario, level) -> its Level, from a run's perf_requests and perf_levels;
+    with `slos` (perf.slos) its requests know whether they met their scenario's SLO (goodput)."""
     requests, levels_table = perf.first_runs(requests), perf.first_runs(levels_table)
+    if slos:
+        requests = requests.with_columns(_good=perf.met_slo(slos))
     keys = ["model", "target", "scenario", "level"]
     walls = {tuple(r[:4]): r[4] for r in levels_table.select(*keys, "wall_s").iter_rows()}
     out = {}
@@ -142,3 +171,17 @@ def levels(requests: pl.DataFrame, levels_table: pl.DataFrame) -> dict[tuple[str
         if wall is not None and part.height:
             out[(str(key[0]), str(key[1]), str(key[2]), int(key[3]))] = Level.of(part.sort("request_index"), wall)
     return out
+
+
+PARITY_LATENCIES = [f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50, 90, 99)]
+
+
+def parity_runs(requests: pl.DataFrame) -> dict[tuple[str, str], Level]:
+    """(model, target) -> its parity requests as a Level (no wall time: their latency quantiles only,
+    parity.throughput's PARITY_LATENCIES; the requests in key order)."""
+    no_gaps = pl.lit(None, pl.List(pl.Float64))
+    rows = requests.with_columns(error=pl.lit(None, pl.String), itl_s=no_gaps).sort("prompt_set", "prompt_id")
+    return {
+        (str(model), str(target)): Level.of(part, float("nan"))
+        for (model, target), part in rows.group_by("model", "target", maintain_order=True)
+    }

@@ -4,8 +4,10 @@ For every model x target in either run, each metric from A and from B (parity, t
 accuracy, the probes' summaries: fleet.report.model.RunReport.metric_frames), the delta B - A,
 its 95 % interval where the figure can be resampled, and whether that delta is better or worse
 (by the metric's direction). A perf figure's interval resamples both runs' requests at that level
-(fleet/analysis/perf_resample.py), a parity figure's both runs' prompts (fleet/analysis/parity_resample.py):
-a delta whose interval holds 0 is within the runs' noise. With gates, each run is
+(fleet/analysis/perf_resample.py), a parity figure's both runs' prompts (fleet/analysis/parity_resample.py),
+task accuracy's their task items, a parity-under-load figure's their load prompts and
+self-consistency's their prompts (fleet/analysis/item_resample.py): a delta whose interval holds 0
+is within the runs' noise. With gates, each run is
 judged by the same gates and the verdicts sit next to the metric, so a PASS -> FAIL is a
 regression to look at. What changed in the environment (versions, devices, weights) is
 listed separately, since it is usually the explanation.
@@ -19,8 +21,9 @@ from pathlib import Path
 import polars as pl
 
 from fleet.analysis import gates as gate_mod
-from fleet.analysis import parity_resample, perf_resample
-from fleet.contracts.gates import METRICS, RESAMPLED, Gate, perf_key
+from fleet.analysis import item_resample, parity_resample, perf_resample
+from fleet.analysis.perf import slos
+from fleet.contracts.gates import METRICS, PERF_COLUMNS, Gate, perf_key
 from fleet.report import columns
 from fleet.report.model import RunReport
 from fleet.report.table import markdown
@@ -143,16 +146,30 @@ def compare(run_a: Run, run_b: Run, *, gates: Sequence[Gate] | None = None) -> p
 
 def _delta_intervals(a: RunReport, b: RunReport) -> pl.DataFrame:
     """model, target, metric, delta_ci_low, delta_ci_high: the 95 % interval of b - a of every perf
-    figure both runs measured at the same scenario and level, requests resampled, and of every
-    resampled parity figure of a candidate in both runs, prompts resampled."""
-    levels_a, levels_b = (perf_resample.levels(r.tables["perf_requests"], r.tables["perf_levels"]) for r in (a, b))
+    figure both runs measured at the same scenario and level and of the parity runs' latency
+    quantiles, requests resampled; of every resampled parity figure of a candidate in both runs,
+    prompts resampled; of task accuracy, task items; of the parity-under-load figures, each target's
+    load prompts; of self-consistency, the model's prompts."""
+    levels_a, levels_b = (
+        perf_resample.levels(r.tables["perf_requests"], r.tables["perf_levels"], slos=slos(r.info)) for r in (a, b)
+    )
     rows = []
     for key in sorted(levels_a.keys() & levels_b.keys()):
         model, target, scenario, level = key
-        for metric in sorted(RESAMPLED):
-            low, high = perf_resample.delta_interval(metric.removeprefix("perf_"), levels_a[key], levels_b[key])
-            rows.append((model, target, perf_key(metric, scenario, level), low, high))
+        intervals = perf_resample.delta_intervals(PERF_COLUMNS, levels_a[key], levels_b[key])
+        rows += [(model, target, perf_key(f"perf_{c}", scenario, level), *ci) for c, ci in intervals.items()]
+    runs_a, runs_b = (perf_resample.parity_runs(r.tables["requests"]) for r in (a, b))
+    for model, target in sorted(runs_a.keys() & runs_b.keys()):
+        run_a, run_b = runs_a[(model, target)], runs_b[(model, target)]
+        intervals = perf_resample.delta_intervals(perf_resample.PARITY_LATENCIES, run_a, run_b)
+        rows += [(model, target, column, *ci) for column, ci in intervals.items()]
     rows += _parity_intervals(a, b)
+    if a.judged is not None and b.judged is not None:
+        rows += item_resample.accuracy_intervals(a.judged, b.judged, b.reference)
+    if a.load_prompts is not None and b.load_prompts is not None:
+        rows += item_resample.load_intervals(a.load_prompts, b.load_prompts)
+    if a.consistency_prompts is not None and b.consistency_prompts is not None:
+        rows += item_resample.consistency_intervals(a.consistency_prompts, b.consistency_prompts)
     schema = {**dict.fromkeys(_KEYS, pl.String), "delta_ci_low": pl.Float64, "delta_ci_high": pl.Float64}
     return pl.DataFrame(rows, schema=schema, orient="row").fill_nan(None)
 
@@ -164,8 +181,10 @@ def _parity_intervals(a: RunReport, b: RunReport) -> list[tuple[str, str, str, f
     if prompts_a is None or prompts_b is None:
         return []
     both = prompts_a.select(RUN).unique().join(prompts_b.select(RUN).unique(), on=RUN)
-    side_a = parity_resample.candidates(prompts_a.join(both, on=RUN), a.tokens, a.reference)
-    side_b = parity_resample.candidates(prompts_b.join(both, on=RUN), b.tokens, b.reference)
+    side_a, side_b = (
+        parity_resample.candidates(p.join(both, on=RUN), r.tokens, r.reference, stats=r.prompt_stats)
+        for p, r in ((prompts_a, a), (prompts_b, b))
+    )
     rows = []
     for key in sorted(side_a.keys() & side_b.keys()):
         intervals = parity_resample.delta_intervals(side_a[key], side_b[key])
@@ -226,8 +245,9 @@ def render(frame: pl.DataFrame, *, run_a: Run, run_b: Run) -> str:
 
 
 NO_INTERVAL = (
-    "delta 95 % CI: both runs resampled, a perf figure's requests, a parity figure's prompts; one holding 0 is "
-    "within the runs' noise. — : no interval for that figure (run totals, probe figures, one run only: docs/cli.md)."
+    "delta 95 % CI: both runs resampled, a perf figure's requests, a parity figure's prompts, task accuracy's "
+    "items; one holding 0 is within the runs' noise. — : no interval for that figure (run totals, the noise "
+    "model, probe figures, a figure one run lacks, too few prompts: docs/cli.md)."
 )
 
 

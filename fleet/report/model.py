@@ -84,6 +84,10 @@ class RunReport:
     colors: dict[str, str]  # target -> plot colour, the same in every plot
     sweeps: pl.DataFrame | None = None  # fleet.analysis.perf.sweep_curve; None: no scenario sweeps
     prompts: pl.DataFrame | None = None  # parity_resample.prompt_frame: every candidate prompt's figures
+    judged: pl.DataFrame | None = None  # analysis.judged: every answer with an expected one (None: no such prompt)
+    load_prompts: pl.DataFrame | None = None  # load_parity.evaluate: each load parity prompt's verdicts
+    consistency_prompts: pl.DataFrame | None = None  # consistency.prompt_pairs: each variant pair's prompts
+    prompt_stats: pl.LazyFrame | None = None  # the prompt_stats table, scanned, where the figures came from it
 
     @classmethod
     def build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None = None, top: int = 20) -> RunReport:
@@ -104,7 +108,8 @@ class RunReport:
         scans["requests"] = scans["requests"].drop("prompt_token_ids", "messages", "prompt", "output_text")
         t = {name: frame.collect() for name, frame in scans.items()}
         requests = t["requests"]
-        accuracy = analysis.accuracy(texts.filter(pl.col("expected").is_not_null()), ref)
+        judged = analysis.judged(texts)
+        accuracy = analysis.accuracy_of(judged, ref)
         variants, repeats = info.variants, info.repeats
         spec = NoiseSpec.from_info(info)
         use_stats = reader.covers(run_dir, "prompt_stats", "tokens") and from_stats.usable(stats)
@@ -116,6 +121,8 @@ class RunReport:
         # One row per run of a level; a sweep's probes (probe > 0) go to its own section, not the levels'.
         runs = perf_summary(t["perf_requests"], t["perf_levels"], slos(info)) if t["perf_levels"].height else None
         swept = {s["name"]: s["sweep"]["min_share"] for s in info.perf if s.get("sweep")}
+        load = _load_parity(t, requests, tokens, ref, spec, parity)
+        compared = _consistency(requests, tokens, parity, variants) if variants else None
         report = cls(
             run_dir=run_dir,
             info=info,
@@ -132,11 +139,11 @@ class RunReport:
             throughput=analysis.throughput(requests, t["shards"]),
             scenarios=runs.filter(pl.col("probe") == 0) if runs is not None else None,
             smoke=t["smoke"] if t["smoke"].height else None,
-            load_parity=_load_parity(t, requests, tokens, ref, spec, parity),
+            load_parity=load[0] if load else None,
             logits=probes.logits_summary(probes.logits_errors(t["logits"], ref)) if t["logits"].height else None,
             layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
             matrix=None,
-            consistency=_consistency(requests, tokens, parity, variants) if variants else None,
+            consistency=consistency.self_consistency_of(compared) if compared is not None else None,
             noise_floor=_noise_floor(requests, stats if use_stats else tokens, repeats, stats=use_stats)
             if repeats
             else None,
@@ -147,6 +154,12 @@ class RunReport:
             colors=_colors(info, t | {"tokens": requests.select("target")}),
             sweeps=sweep_curve(runs, swept) if runs is not None and swept else None,
             prompts=parity_resample.prompt_frame(seqs, first, per_prompt),
+            judged=judged if judged.height else None,
+            load_prompts=load[1] if load else None,
+            prompt_stats=stats if use_stats else None,
+            consistency_prompts=compared.select("model", "target_a", "target_b", *_PROMPT[1:], "_near", "_judged")
+            if compared is not None
+            else None,
         )
         gates = gate_mod.from_info(info) if gates is None else list(gates)
         verdicts = report.evaluate(gates) if gates else None
@@ -234,12 +247,13 @@ def _load_parity(
     ref: str,
     spec: NoiseSpec,
     parity: pl.DataFrame,
-) -> pl.DataFrame | None:
-    """Parity vs load (None: no scenario with `parity:` ran), judged with each target's parity noise."""
+) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+    """Parity vs load and its prompts (None: no scenario with `parity:` ran), judged with each
+    target's parity noise."""
     if not t["load_requests"].height:
         return None
     noise = parity.select("model", "target", "noise") if "noise" in parity.columns else None
-    return load_parity.table(t["load_requests"], t["load_tokens"], requests, tokens, ref, spec=spec, noise=noise)
+    return load_parity.evaluate(t["load_requests"], t["load_tokens"], requests, tokens, ref, spec=spec, noise=noise)
 
 
 def _perf_metrics(scenarios: pl.DataFrame) -> pl.DataFrame:
@@ -372,9 +386,9 @@ def _environment(info: RunInfo) -> pl.DataFrame:
 def _consistency(
     requests: pl.DataFrame, tokens: pl.LazyFrame, parity: pl.DataFrame, variants: dict[str, dict[str, Any]]
 ) -> pl.DataFrame:
-    """Greedy self-consistency between variants that differ in one setting, their partings
-    judged by the parity's near-tie rule and noise model."""
-    return consistency.self_consistency(
+    """Greedy self-consistency per prompt (consistency.prompt_pairs) between variants that differ in
+    one setting, their partings judged by the parity's near-tie rule and noise model."""
+    return consistency.prompt_pairs(
         requests,
         {n: v["base"] for n, v in variants.items()},
         settings={n: v["settings"] for n, v in variants.items()},
