@@ -3,7 +3,6 @@ starting vLLM costs seconds per engine, so no test starts its own."""
 
 from __future__ import annotations
 
-import functools
 import os
 import textwrap
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 from alone import _one_at_a_time_when_alone  # noqa: F401  (an autouse fixture: `alone` tests run by themselves)
 from skip_policy import pytest_runtest_makereport  # noqa: F401  (a hook: under .ci/run a skip fails unless allowed)
+from work_units import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401  (make test's workers)
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -148,40 +148,6 @@ def _orphan_engines() -> set[str]:
         if ppid == "1" and ("VLLM::" in args or "vllm.entrypoints" in args):
             found.add(f"{pid} {args[:80]}")
     return found
-
-
-# Session fixtures too costly to build once per pytest-xdist worker: the modules using one share a worker.
-SHARED_FIXTURES = ("engine_run",)
-
-
-@functools.cache
-def _work_unit(module: str) -> str:
-    """What runs on one worker: a module (its module fixtures, servers and engines, are built once),
-    or every module on a costly shared session fixture together."""
-    source = (Path(__file__).parents[1] / module).read_text()
-    return next((name for name in SHARED_FIXTURES if f"{name}:" in source), module)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`make test` runs `-n 2 --dist loadscope`: xdist's own scopes are modules, ours are `_work_unit`s.
-    (Its `loadgroup` marks are lost on pytest 9: it renames nodes through an attribute pytest 9 dropped.)"""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByWorkUnit(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return _work_unit(nodeid.split("::")[0])
-
-    return ByWorkUnit(config, log)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Work units go to workers in collection order as they free up: the engine ones first, so the
-    short ones fill the end instead of one engine unit running alone at the end."""
-    engine = {_work_unit(item.nodeid.split("::")[0]) for item in items if item.get_closest_marker("engine")}
-    items.sort(key=lambda item: _work_unit(item.nodeid.split("::")[0]) not in engine)
 
 
 def _controller(session: pytest.Session) -> bool:
