@@ -121,9 +121,8 @@ def evaluate(
                 rows[-1] |= {"verdict": "FAIL", "reason": f"incomplete, never a PASS: {why}"}
             double = next((t for t in (target, reference) if t in doubles), None)
             if double is not None and rows[-1]["verdict"] in NOT_FAILED:
-                was = (
-                    f" (against its baseline: {rows[-1]['verdict']}, {rows[-1]['reason']})" if gate.baseline_run else ""
-                )
+                judged = f" (against its baseline: {rows[-1]['verdict']}, {rows[-1]['reason']})"
+                was = judged if gate.baseline_runs else ""
                 rows[-1] |= {
                     "verdict": "FAIL",
                     "reason": f"{double} is a test double (no model ran): never a PASS{was}",
@@ -157,9 +156,10 @@ def _verdict(
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return row | {"reason": f"{gate.metric} not measured (null or NaN) for this model/target"}
     value = float(value)
-    if gate.baseline_run is not None:
+    if gate.baseline_runs:
         if runs is None:
-            return row | {"value": value, "reason": f"baseline run {gate.baseline_run}: no results root to look in"}
+            named = ", ".join(gate.baseline_runs)
+            return row | {"value": value, "reason": f"baseline run {named}: no results root to look in"}
         return row | {"value": value} | runs.judge(gate, model, target, value)
     if threshold is None:
         return row | {"value": value, "reason": f"no baseline for {model}/{target}"}

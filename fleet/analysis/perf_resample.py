@@ -14,12 +14,14 @@ fleet/analysis/perf.py gives, recomputed on the drawn requests:
   rate x (drawn tokens / all tokens) / (drawn e2e / all e2e). With every request drawn once it is
   the measured figure exactly.
 
-What this interval does not hold is a whole run being slower (a busier machine that day): that
-moves every request alike. A gate's `ratio` is the margin for it (docs/metrics.md).
+What a request resample does not hold is a whole run being slower (a busier machine that day):
+that moves every request alike. A gate's `ratio` is the margin for it, or its baseline is several
+runs (`runs_ratios`): a two-level bootstrap, runs and then requests within each (docs/metrics.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,15 +116,6 @@ def bounds(values: np.ndarray) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def ratio_interval(
-    column: str, measured: Level, baseline: Level, *, resamples: int = RESAMPLES, seed: int = 0
-) -> tuple[float, float]:
-    """95 % interval of measured / baseline for one figure, both runs' requests resampled independently."""
-    m, b = _resampled(column, measured, baseline, resamples=resamples, seed=seed)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return bounds(m / b)
-
-
 def delta_interval(
     column: str, a: Level, b: Level, *, resamples: int = RESAMPLES, seed: int = 0
 ) -> tuple[float, float]:
@@ -142,3 +135,44 @@ def levels(requests: pl.DataFrame, levels_table: pl.DataFrame) -> dict[tuple[str
         if wall is not None and part.height:
             out[(str(key[0]), str(key[1]), str(key[2]), int(key[3]))] = Level.of(part.sort("request_index"), wall)
     return out
+
+
+def level_draws(level: Level, *, seed: int, resamples: int = RESAMPLES) -> np.ndarray:
+    """[resamples, requests]: how often each request of `level` is drawn in each resample, drawn once
+    per level and run and reused by every figure gated there (int32 to keep it small)."""
+    return draws(np.random.default_rng(seed), level.n_requests, resamples).astype(np.int32)
+
+
+def runs_ratios(
+    measured: np.ndarray, baselines: Sequence[np.ndarray], observed: Sequence[float], *, seed: int = 0
+) -> np.ndarray:
+    """measured / baseline on each resample, for a baseline of k runs (their mean).
+
+    `measured` holds the measured run's figure on each resample of its requests, `baselines` each
+    baseline run's figure on resamples of its own, `observed` each baseline run's reported figure.
+    Resample r divides the measured run's r-th figure by
+
+    * the mean of k baseline runs drawn with replacement, each read at one of its request resamples
+      picked at random: the two levels, runs and then requests within each run;
+    * and by a run effect: one more baseline run drawn, its figure over the baselines' mean. The
+      measured run is one run too, and may have come out as fast or slow as the baseline's runs
+      differ; it cannot show that itself, so it borrows their spread. Without it the interval
+      narrows as 1/sqrt(k) while the measured run's own run-to-run deviation does not, and more
+      repeats would fail healthy runs more often.
+
+    With one baseline run the effect is 1 and this is the request-only interval."""
+    figures = np.stack(baselines)  # [k, resamples]
+    k, resamples = figures.shape
+    rng = np.random.default_rng(seed)
+    runs = rng.integers(0, k, (len(measured), k))
+    mean = figures[runs, rng.integers(0, resamples, runs.shape)].mean(axis=1)
+    observed_runs = np.asarray(observed, dtype=float)
+    effect = observed_runs[rng.integers(0, k, len(measured))] / observed_runs.mean()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return measured / (mean * effect)
+
+
+def spread(observed: Sequence[float]) -> float:
+    """The run-to-run spread of a figure: the standard deviation of its runs over their mean (NaN for one run)."""
+    values = np.asarray(observed, dtype=float)
+    return float(values.std(ddof=1) / values.mean()) if len(values) > 1 else float("nan")
