@@ -132,29 +132,27 @@ class RunBaselines:
             self._resampled(self.info.run_id, key, self.levels[key], column), resampled, observed
         )
         low, high = perf_resample.bounds(ratios)
-        base = float(np.mean(observed))
+        base, spread = float(np.mean(observed)), perf_resample.spread(observed)
         ratio = gate.ratio or 0.0
         row |= {"baseline": base, "threshold": ratio * base, "ci_low": low, "ci_high": high}
-        against = run_ids[0] if len(run_ids) == 1 else f"the mean of {len(run_ids)} baseline runs"
+        row["baseline_spread"] = spread if len(run_ids) > 1 else None
+        against = run_ids[0] if len(run_ids) == 1 else f"mean({len(run_ids)} runs)"
         if low != low:  # NaN: too few defined resamples
             return row | {"verdict": "FAIL", "reason": f"no interval of measured / {against}: too few requests"}
         # The end of the interval most favourable to the candidate must fail the bound for a FAIL.
         end = high if gate.op in (">=", ">") else low
         passed = OPS[gate.op](end, ratio)
-        verdict = f"{'some' if passed else 'no'} value in it is {gate.op} {ratio:g}"
+        # What the interval came from goes last: the text summary cuts a cell at 80 characters, and the
+        # ratio, its interval and the verdict come first (the runs and their spread have columns too).
+        if len(run_ids) == 1:
+            source = "vs 1 baseline run: request noise only"
+        else:
+            source = f"vs {len(run_ids)} baseline runs, {', '.join(run_ids)}; run-to-run spread {spread * 100:.1f} %"
         reason = (
-            f"measured / {against} = {measured / base:.4f}, 95 % CI [{low:.4f}, {high:.4f}] "
-            f"({_source(run_ids, observed)}); {verdict}{_fewer(gate, run_ids)}"
+            f"measured / {against} = {measured / base:.4f}, 95 % CI [{low:.4f}, {high:.4f}]; "
+            f"{'some' if passed else 'no'} value in it is {gate.op} {ratio:g} ({source}){_fewer(gate, run_ids)}"
         )
         return row | {"verdict": "PASS" if passed else "FAIL", "reason": reason}
-
-
-def _source(run_ids: list[str], observed: list[float]) -> str:
-    """What the interval was computed from, for the verdict's reason."""
-    if len(run_ids) == 1:
-        return "vs 1 baseline run: request noise only"
-    spread = perf_resample.spread(observed)
-    return f"vs {len(run_ids)} baseline runs, {', '.join(run_ids)}; run-to-run spread {spread * 100:.1f} %"
 
 
 def _fewer(gate: Gate, run_ids: list[str]) -> str:

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 
 
 VERDICT_COLUMNS = [
-    "gate", "model", "target", "metric", "value", "op", "threshold", "baseline", "baseline_run", "ci_low", "ci_high",
-    "verdict", "reason",
+    "gate", "model", "target", "metric", "value", "op", "threshold", "baseline", "baseline_run", "baseline_spread",
+    "ci_low", "ci_high", "verdict", "reason",
 ]  # fmt: skip
 # Passes the run: PASS, and SKIP (a gate against latest-pass with no passing run before it, fleet/analysis/baseline.py).
 NOT_FAILED = ("PASS", "SKIP")
@@ -128,7 +128,7 @@ def evaluate(
                     "reason": f"{double} is a test double (no model ran): never a PASS{was}",
                 }
             rows[-1]["evidence"] = evidence(run_dir, gate.metric, model, target, reference=reference)
-    numeric = ("value", "threshold", "baseline", "ci_low", "ci_high")
+    numeric = ("value", "threshold", "baseline", "baseline_spread", "ci_low", "ci_high")
     schema = {c: pl.Float64 if c in numeric else pl.String for c in VERDICT_COLUMNS}
     return pl.DataFrame(rows, schema={**schema, "evidence": pl.String})
 
@@ -150,7 +150,7 @@ def _verdict(
     threshold, baseline = gate.bound(model, target)
     row: dict[str, Any] = {"gate": gate.label, "model": model, "target": target, "metric": gate.metric, "op": gate.op}
     row |= {"threshold": threshold, "baseline": baseline, "value": None, "verdict": "FAIL"}
-    row |= {"baseline_run": None, "ci_low": None, "ci_high": None}
+    row |= {"baseline_run": None, "baseline_spread": None, "ci_low": None, "ci_high": None}
     if not has_results:
         return row | {"reason": "no results for this model/target (failed, not run, or misspelt)"}
     if value is None or (isinstance(value, float) and math.isnan(value)):
