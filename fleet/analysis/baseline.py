@@ -100,7 +100,7 @@ class RunBaselines:
 
     def _resampled(self, run_id: str, key: Key, level: perf_resample.Level, column: str) -> np.ndarray:
         """`column` on each request resample of one run's level; the seed is the run's and level's own,
-        so the measured run and its baselines never share draws, and a verdict never depends on order."""
+        so the measured run and its baselines do not share draws, and a verdict never depends on order."""
         if (run_id, key) not in self._draws:
             seed = zlib.crc32("/".join(map(str, (run_id, *key))).encode())
             self._draws[(run_id, key)] = perf_resample.level_draws(level, seed=seed)
@@ -162,7 +162,7 @@ def _fewer(gate: Gate, run_ids: list[str]) -> str:
     return f"; only {len(run_ids)} of the {asked} earlier passing runs asked for (runs: {asked}): judged on those"
 
 
-def _value(figures: pl.DataFrame, key: tuple[str, str, str, int], column: str) -> float | None:
+def _value(figures: pl.DataFrame, key: Key, column: str) -> float | None:
     if figures.is_empty():
         return None
     model, target, scenario, level = key
