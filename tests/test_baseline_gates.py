@@ -11,6 +11,7 @@ generator at a set pace (actors/test_double.py), three runs into one results roo
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -47,16 +48,17 @@ def perf_run(
     seed: int = 0,
     verdict: str | None = None,
     level: int = 4,
+    spread: float = 0.02,
 ) -> Path:
     """A complete run of `cand` with 32 requests at `level`, each at a per-token pace drawn around
-    `pace` (2 % spread); the level's wall is the requests' summed e2e over the level, as a level
-    with busy slots takes. `verdict` is what `fleet run` would have recorded."""
+    `pace` (`spread`, 2 % by default); the level's wall is the requests' summed e2e over the level,
+    as a level with busy slots takes. `verdict` is what `fleet run` would have recorded."""
     run = write_run(root / run_id, {"cand": SAME})
     rng = np.random.default_rng(seed)
     key = KEY | {"level": level}
     rows = []
     for i in range(32):
-        gap = pace * (1 + 0.02 * rng.normal())
+        gap = pace * (1 + spread * rng.normal())
         rows.append(_request(i, gap, [gap] * (TOKENS - 1), TOKENS * gap) | key)
     store = RunStore(run)
     shard = f"m/cand/decode/{level:05d}"
@@ -129,9 +131,108 @@ def test_no_earlier_passing_run_skips_with_a_note(tmp_path: Path) -> None:
         "nothing to compare with (a series' first run), skipped"
     )
     assert report.gates_passed is True
+    several = verdict(first, baseline="latest-pass", runs=3)
+    assert (several["verdict"], several["reason"]) == ("SKIP", row["reason"])
     assert report.verdict_line == (
         "PASS: 0 of 1 gate checks pass, none fails. 1 skipped: no earlier passing run to compare with."
     )
+
+
+# Three healthy runs of a host whose whole runs differ by about +-6 % (its load that day), oldest
+# first: their throughput over PACE's. The newest is the fastest, as latest-pass alone would pick.
+SPREAD_RUNS = {"b1": 0.94, "b2": 1.00, "b3": 1.06}
+
+
+def spread_root(root: Path) -> None:
+    for i, (run, speed) in enumerate(SPREAD_RUNS.items()):
+        perf_run(root, run, started=f"0{i + 1}", pace=PACE / speed, seed=10 + i, verdict="PASS")
+
+
+def test_baseline_runs_hold_the_run_to_run_spread(tmp_path: Path) -> None:
+    """A healthy run at the low end of the host's run-to-run spread: against the newest run alone
+    (the request-only interval) it fails, against the three runs (runs and requests resampled) it
+    passes; naming the three gives the same verdict as `runs: 3`."""
+    spread_root(tmp_path)
+    low_end = perf_run(tmp_path, "new", started="05", pace=PACE / 0.95, seed=20)
+    single = verdict(low_end, baseline="latest-pass")
+    assert (single["verdict"], single["baseline_run"]) == ("FAIL", "b3"), single
+    assert single["ci_high"] < 0.97 and "(vs 1 baseline run: request noise only)" in single["reason"]
+    repeats = verdict(low_end, baseline="latest-pass", runs=3)
+    assert (repeats["verdict"], repeats["baseline_run"]) == ("PASS", "b1, b2, b3"), repeats
+    assert repeats["ci_low"] < 0.95 < 0.97 <= repeats["ci_high"]
+    assert repeats["baseline"] == pytest.approx(
+        np.mean([verdict(low_end, baseline=r)["baseline"] for r in SPREAD_RUNS])
+    )
+    assert repeats["reason"].startswith(f"measured / mean(3 runs) = {0.95:.2f}")
+    spread = re.search(r"\(vs 3 baseline runs, b1, b2, b3; run-to-run spread (\d+\.\d) %\)$", repeats["reason"])
+    assert spread is not None and float(spread[1]) == round(100 * repeats["baseline_spread"], 1), repeats["reason"]
+    assert 0.055 <= repeats["baseline_spread"] <= 0.065 and single["baseline_spread"] is None
+    named = verdict(low_end, baseline=["b1", "b2", "b3"])
+    judged = ("verdict", "ci_low", "ci_high", "reason")
+    assert [named[k] for k in judged] == [repeats[k] for k in judged]
+    assert named["gate"] == "perf_output_tok_s [decode @ 4] >= 0.97 x b1, b2, b3"
+    assert repeats["gate"] == "perf_output_tok_s [decode @ 4] >= 0.97 x latest-pass (3 runs)"
+    # Fewer passing runs than asked for: judged on those, and said.
+    fewer = verdict(low_end, baseline="latest-pass", runs=5)
+    assert fewer["baseline_run"] == "b1, b2, b3" and fewer["ci_low"] == repeats["ci_low"]
+    assert fewer["reason"].endswith("; only 3 of the 5 earlier passing runs asked for (runs: 5): judged on those")
+
+
+def test_a_15pc_drop_fails_against_baseline_runs(tmp_path: Path) -> None:
+    """Baseline runs widen the interval by their spread, not without end: a run 15 % below their
+    mean (10 % below the slowest) fails."""
+    spread_root(tmp_path)
+    slow = verdict(perf_run(tmp_path, "slow", started="05", pace=PACE / 0.85, seed=21), baseline="latest-pass", runs=3)
+    assert slow["verdict"] == "FAIL" and slow["ci_high"] < 0.97, slow
+    assert slow["value"] / slow["baseline"] == pytest.approx(0.85, abs=0.01)
+    assert "no value in it is >= 0.97" in slow["reason"]
+
+
+def test_the_two_level_interval_by_hand(tmp_path: Path) -> None:
+    """Runs whose requests all take the same time: a request resample changes nothing, so against
+    one run the interval is a point, and against two (100 % and 110 % of the measured run's
+    throughput) it is what the runs alone give, which one can enumerate. Mean of two runs drawn
+    with replacement: 100 (1/4), 105 (1/2), 110 (1/4); the run effect, one more run over their mean
+    105: 100/105 or 110/105 (1/2 each). measured / (mean x effect) ranges from
+    100 x 105 / (110 x 110) = 0.8678 (1/8) to 105 / 100 = 1.05 (1/8): 2.5 % quantiles inside both
+    end classes, so those are the interval's ends."""
+    perf_run(tmp_path, "same", started="01", spread=0, verdict="PASS")
+    perf_run(tmp_path, "faster", started="02", pace=PACE / 1.1, spread=0, verdict="PASS")
+    measured = perf_run(tmp_path, "measured", started="03", spread=0)
+    alone = verdict(measured, baseline="same")
+    assert (alone["ci_low"], alone["ci_high"]) == pytest.approx((1, 1), abs=1e-9)
+    against_faster = verdict(measured, baseline="faster")
+    assert (against_faster["ci_low"], against_faster["ci_high"]) == pytest.approx((1 / 1.1, 1 / 1.1), abs=1e-9)
+    both = verdict(measured, baseline="latest-pass", runs=2)
+    assert (both["ci_low"], both["ci_high"]) == pytest.approx((100 * 105 / (110 * 110), 105 / 100), abs=1e-6)
+    assert both["baseline"] == pytest.approx(1.05 * alone["baseline"])
+    # The same two runs with request noise: each level widens the interval further.
+    for i, (run, pace) in enumerate((("n-same", PACE), ("n-faster", PACE / 1.1), ("n-measured", PACE))):
+        perf_run(tmp_path / "noisy", run, started=f"0{i + 1}", pace=pace, seed=i)
+    noisy_alone = verdict(tmp_path / "noisy" / "n-measured", baseline="n-same")
+    noisy_both = verdict(tmp_path / "noisy" / "n-measured", baseline=["n-same", "n-faster"])
+    widths = [r["ci_high"] - r["ci_low"] for r in (alone, noisy_alone, both, noisy_both)]
+    assert widths[0] < widths[1] < widths[2] < widths[3], widths
+
+
+def test_baseline_runs_rarely_fail_a_healthy_run() -> None:
+    """On figures alone: a host whose whole runs differ by 6 % (0.4 % request noise within a run),
+    a healthy run judged at ratio 0.97. Against one run a third fail; against five, the measured
+    run's own run-to-run effect drawn from the baselines' spread keeps it to about 1 in 20 (the
+    mean of the runs alone, narrowing as 1/sqrt(5), fails about 1 in 10); a 20 % drop still fails
+    most often."""
+    rng = np.random.default_rng(7)
+
+    def fails(k: int, drop: float) -> bool:
+        observed = 1 + 0.06 * rng.standard_normal(k)
+        baselines = [o * (1 + 0.004 * rng.standard_normal(2000)) for o in observed]
+        measured = drop * (1 + 0.06 * rng.standard_normal()) * (1 + 0.004 * rng.standard_normal(2000))
+        ratios = perf_resample.runs_ratios(measured, baselines, list(observed), seed=int(rng.integers(2**31)))
+        return perf_resample.bounds(ratios)[1] < 0.97
+
+    rate = {(k, drop): np.mean([fails(k, drop) for _ in range(400)]) for k in (1, 5) for drop in (1.0, 0.8)}
+    assert rate[(1, 1.0)] > 0.2 and rate[(5, 1.0)] < 0.07, rate
+    assert rate[(5, 0.8)] > 0.8, rate
 
 
 def test_fleet_run_refuses_a_baseline_run_missing_from_the_root(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -139,7 +240,7 @@ def test_fleet_run_refuses_a_baseline_run_missing_from_the_root(tmp_path: Path, 
 
     perf_run(tmp_path / "root", "base", started="01")
     manifest = tmp_path / "m.yaml"
-    gate = json.dumps(GATE | {"baseline": "nope"})
+    gate = json.dumps(GATE | {"baseline": ["base", "nope"]})
     perf_block = "perf:\n  - {name: decode, concurrency: [4], input_tokens: 8, output_tokens: 4, num_requests: 4}\n"
     manifest.write_text(tiny() + perf_block + f"gates:\n  - {gate}\n")
     code = cli.main(["run", "--check", str(manifest), "--results", str(tmp_path / "root")])
@@ -158,6 +259,12 @@ def test_gate_fields_say_how_to_write_a_baseline() -> None:
         (perf_gate, "set threshold"),
         ({"metric": "pearson_r", "op": ">=", "baseline": "latest-pass", "ratio": 1}, "for pearson_r give a stored"),
         (perf_gate | {"baseline": "../run", "ratio": 0.97}, "is not a name"),
+        (perf_gate | {"baseline": "base", "runs": 3, "ratio": 0.97}, "runs counts latest-pass's runs"),
+        (perf_gate | {"baseline": "latest-pass", "runs": 0, "ratio": 0.97}, "greater than or equal to 1"),
+        (perf_gate | {"baseline": ["a", "latest-pass"], "ratio": 0.97}, "latest-pass stands alone"),
+        (perf_gate | {"baseline": ["a", "b", "a"], "ratio": 0.97}, "baseline runs repeat a run id: a, b, a"),
+        (perf_gate | {"baseline": [], "ratio": 0.97}, "names at least one run id"),
+        (perf_gate | {"baseline": ["a", "../run"], "ratio": 0.97}, "is not a name"),
     ]
     for spec, message in cases:
         with pytest.raises(ValidationError, match=message.replace(".", r"\.")):
@@ -274,3 +381,8 @@ def test_double_through_ray_a_5pc_slower_stream_fails(local_ray: object, tmp_pat
         and 0.97 < judged["healthy"]["ci_low"] <= judged["healthy"]["ci_high"] < 1.03
     )
     assert judged["slow"]["verdict"] == "FAIL" and judged["slow"]["ci_high"] < 0.97
+    # Against both earlier runs (runs and requests resampled): a paced stream's runs differ little,
+    # so the interval stays narrow and the 5 % slower stream still fails.
+    both = runs.judge(Gate.model_validate(GATE | {"baseline": ["base", "healthy"]}), "m", "cand", measured)
+    assert both["verdict"] == "FAIL" and both["ci_high"] < 0.97, both
+    assert "(vs 2 baseline runs, base, healthy; run-to-run spread " in both["reason"]

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 
 
 VERDICT_COLUMNS = [
-    "gate", "model", "target", "metric", "value", "op", "threshold", "baseline", "baseline_run", "ci_low", "ci_high",
-    "verdict", "reason",
+    "gate", "model", "target", "metric", "value", "op", "threshold", "baseline", "baseline_run", "baseline_spread",
+    "ci_low", "ci_high", "verdict", "reason",
 ]  # fmt: skip
 # Passes the run: PASS, and SKIP (a gate against latest-pass with no passing run before it, fleet/analysis/baseline.py).
 NOT_FAILED = ("PASS", "SKIP")
@@ -121,15 +121,14 @@ def evaluate(
                 rows[-1] |= {"verdict": "FAIL", "reason": f"incomplete, never a PASS: {why}"}
             double = next((t for t in (target, reference) if t in doubles), None)
             if double is not None and rows[-1]["verdict"] in NOT_FAILED:
-                was = (
-                    f" (against its baseline: {rows[-1]['verdict']}, {rows[-1]['reason']})" if gate.baseline_run else ""
-                )
+                judged = f" (against its baseline: {rows[-1]['verdict']}, {rows[-1]['reason']})"
+                was = judged if gate.baseline_runs else ""
                 rows[-1] |= {
                     "verdict": "FAIL",
                     "reason": f"{double} is a test double (no model ran): never a PASS{was}",
                 }
             rows[-1]["evidence"] = evidence(run_dir, gate.metric, model, target, reference=reference)
-    numeric = ("value", "threshold", "baseline", "ci_low", "ci_high")
+    numeric = ("value", "threshold", "baseline", "baseline_spread", "ci_low", "ci_high")
     schema = {c: pl.Float64 if c in numeric else pl.String for c in VERDICT_COLUMNS}
     return pl.DataFrame(rows, schema={**schema, "evidence": pl.String})
 
@@ -151,15 +150,16 @@ def _verdict(
     threshold, baseline = gate.bound(model, target)
     row: dict[str, Any] = {"gate": gate.label, "model": model, "target": target, "metric": gate.metric, "op": gate.op}
     row |= {"threshold": threshold, "baseline": baseline, "value": None, "verdict": "FAIL"}
-    row |= {"baseline_run": None, "ci_low": None, "ci_high": None}
+    row |= {"baseline_run": None, "baseline_spread": None, "ci_low": None, "ci_high": None}
     if not has_results:
         return row | {"reason": "no results for this model/target (failed, not run, or misspelt)"}
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return row | {"reason": f"{gate.metric} not measured (null or NaN) for this model/target"}
     value = float(value)
-    if gate.baseline_run is not None:
+    if gate.baseline_runs:
         if runs is None:
-            return row | {"value": value, "reason": f"baseline run {gate.baseline_run}: no results root to look in"}
+            named = ", ".join(gate.baseline_runs)
+            return row | {"value": value, "reason": f"baseline run {named}: no results root to look in"}
         return row | {"value": value} | runs.judge(gate, model, target, value)
     if threshold is None:
         return row | {"value": value, "reason": f"no baseline for {model}/{target}"}

@@ -18,13 +18,14 @@ fleet/analysis/perf.py gives, recomputed on the drawn requests:
 
 The parity runs' requests resample the same way for their latency quantiles (`parity_runs`).
 
-What this interval does not hold is a whole run being slower (a busier machine that day): that
-moves every request alike. A gate's `ratio` is the margin for it (docs/metrics.md).
+What a request resample does not hold is a whole run being slower (a busier machine that day):
+that moves every request alike. A gate's `ratio` is the margin for it, or its baseline is several
+runs (`runs_ratios`): a two-level bootstrap, runs and then requests within each (docs/metrics.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,11 +123,6 @@ class Level:
             return resampled_quantiles(values, unit, drawn, int(stat[1:]) / 100)
 
 
-def _resampled(column: str, a: Level, b: Level, *, resamples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return a.figure(column, draws(rng, a.n_requests, resamples)), b.figure(column, draws(rng, b.n_requests, resamples))
-
-
 def bounds(values: np.ndarray) -> tuple[float, float]:
     """The LEVEL interval of resampled figures (NaN, NaN: most resamples undefined)."""
     finite = values[np.isfinite(values)]
@@ -136,20 +132,11 @@ def bounds(values: np.ndarray) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def ratio_interval(
-    column: str, measured: Level, baseline: Level, *, resamples: int = RESAMPLES, seed: int = 0
-) -> tuple[float, float]:
-    """95 % interval of measured / baseline for one figure, both runs' requests resampled independently."""
-    m, b = _resampled(column, measured, baseline, resamples=resamples, seed=seed)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return bounds(m / b)
-
-
 def delta_intervals(
     columns: Iterable[str], a: Level, b: Level, *, resamples: int = RESAMPLES, seed: int = 0
 ) -> dict[str, tuple[float, float]]:
     """column -> 95 % interval of b - a, both runs' requests resampled independently: one set of
-    draws per run for every figure (the draws `ratio_interval` takes for each figure alone)."""
+    draws per run for every figure."""
     rng = np.random.default_rng(seed)
     drawn_a, drawn_b = draws(rng, a.n_requests, resamples), draws(rng, b.n_requests, resamples)
     return {column: bounds(b.figure(column, drawn_b) - a.figure(column, drawn_a)) for column in columns}
@@ -185,3 +172,44 @@ def parity_runs(requests: pl.DataFrame) -> dict[tuple[str, str], Level]:
         (str(model), str(target)): Level.of(part, float("nan"))
         for (model, target), part in rows.group_by("model", "target", maintain_order=True)
     }
+
+
+def level_draws(level: Level, *, seed: int, resamples: int = RESAMPLES) -> np.ndarray:
+    """[resamples, requests]: how often each request of `level` is drawn in each resample, drawn once
+    per level and run and reused by every figure gated there (int32 to keep it small)."""
+    return draws(np.random.default_rng(seed), level.n_requests, resamples).astype(np.int32)
+
+
+def runs_ratios(
+    measured: np.ndarray, baselines: Sequence[np.ndarray], observed: Sequence[float], *, seed: int = 0
+) -> np.ndarray:
+    """measured / baseline on each resample, for a baseline of k runs (their mean).
+
+    `measured` holds the measured run's figure on each resample of its requests, `baselines` each
+    baseline run's figure on resamples of its own, `observed` each baseline run's reported figure.
+    Resample r divides the measured run's r-th figure by
+
+    * the mean of k baseline runs drawn with replacement, each read at one of its request resamples
+      picked at random: the two levels, runs and then requests within each run;
+    * and by a run effect: one more baseline run drawn, its figure over the baselines' mean. The
+      measured run is one run too, and may have come out as fast or slow as the baseline's runs
+      differ; it cannot show that itself, so it borrows their spread. Without it the interval
+      narrows as 1/sqrt(k) while the measured run's own run-to-run deviation does not, and more
+      repeats would fail healthy runs more often.
+
+    With one baseline run the effect is 1 and this is the request-only interval."""
+    figures = np.stack(baselines)  # [k, resamples]
+    k, resamples = figures.shape
+    rng = np.random.default_rng(seed)
+    runs = rng.integers(0, k, (len(measured), k))
+    mean = figures[runs, rng.integers(0, resamples, runs.shape)].mean(axis=1)
+    observed_runs = np.asarray(observed, dtype=float)
+    effect = observed_runs[rng.integers(0, k, len(measured))] / observed_runs.mean()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return measured / (mean * effect)
+
+
+def spread(observed: Sequence[float]) -> float:
+    """The run-to-run spread of a figure: the standard deviation of its runs over their mean (NaN for one run)."""
+    values = np.asarray(observed, dtype=float)
+    return float(values.std(ddof=1) / values.mean()) if len(values) > 1 else float("nan")

@@ -104,6 +104,7 @@ RESAMPLED = frozenset(
     if c in ("qps", "output_tok_s", "total_tok_s", "prefill_tok_s") or c.split("_")[0] in ("ttft", "tpot", "itl", "e2e")
 )
 LATEST_PASS = "latest-pass"
+MAX_BASELINE_RUNS = 20
 
 
 class Gate(Strict):
@@ -112,11 +113,19 @@ class Gate(Strict):
     metric: str = Field(description="Metric name: a column of analysis.parity/throughput or a probe metric.")
     op: Op = Field(description="Comparison, measured OP bound: >=, <=, > or < (quote it in YAML).")
     threshold: float | None = Field(None, description="The bound, without a baseline (then `ratio` sets it).")
-    baseline: float | dict[str, float] | str | None = Field(
+    baseline: float | dict[str, float] | str | list[str] | None = Field(
         None,
-        description="What `ratio` multiplies: a stored number (one, or by 'model/target' or 'target'), or a run "
-        "in the same results root: its run id, or latest-pass (the newest earlier run that passed, with this "
-        "model and target). A run baseline is judged on a 95 % bootstrap interval of measured / baseline.",
+        description="What `ratio` multiplies: a stored number (one, or by 'model/target' or 'target'), or runs "
+        "in the same results root: a run id, a list of run ids (their mean), or latest-pass (the newest earlier "
+        "run that passed, with this model and target; with `runs`, the newest that many). A run baseline is "
+        "judged on a 95 % bootstrap interval of measured / baseline; with several runs it holds their spread.",
+    )
+    runs: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_BASELINE_RUNS,
+        description="With baseline: latest-pass, how many (1-20) earlier passing runs form the baseline (default 1). "
+        "On a host whose runs differ by more than the margin, several runs put that spread into the interval.",
     )
     ratio: float | None = Field(
         None, gt=0, le=1000, description="With `baseline`: the bound is ratio x baseline (e.g. 0.97 for a 3 % margin)."
@@ -148,23 +157,41 @@ class Gate(Strict):
         if self.baseline is not None and self.ratio is None:
             msg = "a baseline needs ratio, the factor of the bound (e.g. ratio: 0.97)"
             raise ValueError(msg)
-        if isinstance(self.baseline, str) and self.metric not in RESAMPLED:
+        if self.runs is not None and self.baseline != LATEST_PASS:
+            msg = "runs counts latest-pass's runs: set baseline: latest-pass, or name the runs (baseline: [a, b, c])"
+            raise ValueError(msg)
+        if self.baseline_runs and self.metric not in RESAMPLED:
             msg = (
-                f"a run baseline ({self.baseline}) is judged on a bootstrap over a perf level's requests: it takes "
-                "perf rates (perf_qps, perf_output_tok_s, perf_total_tok_s, perf_prefill_tok_s) and latency "
-                f"figures (perf_ttft_*, perf_tpot_*, perf_itl_*, perf_e2e_*); for {self.metric} give a stored number"
+                f"a run baseline ({', '.join(self.baseline_runs)}) is judged on a bootstrap over a perf level's "
+                "requests: it takes perf rates (perf_qps, perf_output_tok_s, perf_total_tok_s, perf_prefill_tok_s) "
+                "and latency figures (perf_ttft_*, perf_tpot_*, perf_itl_*, perf_e2e_*); "
+                f"for {self.metric} give a stored number"
             )
             raise ValueError(msg)
         return self
 
     @field_validator("baseline")
     @classmethod
-    def _run_name(cls, value: object) -> object:
-        if isinstance(value, str) and value != LATEST_PASS:
-            try:  # a run id is a directory name: the rule fleet run's --run-id follows
-                check_name(value, what="baseline")
-            except UserError as e:
-                raise ValueError(f"{e} (or {LATEST_PASS})") from None
+    def _run_names(cls, value: object) -> object:
+        if isinstance(value, list):
+            if not value:
+                msg = "a list of baseline runs names at least one run id"
+                raise ValueError(msg)
+            if LATEST_PASS in value:
+                msg = f"{LATEST_PASS} stands alone (with runs: k for the newest k), not in a list of run ids"
+                raise ValueError(msg)
+            if len(set(value)) < len(value):
+                msg = f"baseline runs repeat a run id: {', '.join(value)}"
+                raise ValueError(msg)
+            if len(value) > MAX_BASELINE_RUNS:
+                msg = f"at most {MAX_BASELINE_RUNS} baseline runs, not {len(value)}"
+                raise ValueError(msg)
+        for name in value if isinstance(value, list) else [value]:
+            if isinstance(name, str) and name != LATEST_PASS:
+                try:  # a run id is a directory name: the rule fleet run's --run-id follows
+                    check_name(name, what="baseline")
+                except UserError as e:
+                    raise ValueError(f"{e} (or {LATEST_PASS})") from None
         return value
 
     @model_validator(mode="after")
@@ -199,16 +226,21 @@ class Gate(Strict):
         return value
 
     @property
-    def baseline_run(self) -> str | None:
-        """The run this gate compares with (a run id or latest-pass), if it names one."""
-        return self.baseline if isinstance(self.baseline, str) else None
+    def baseline_runs(self) -> tuple[str, ...]:
+        """The runs this gate compares with (run ids, or latest-pass alone); () for a stored number."""
+        if isinstance(self.baseline, str):
+            return (self.baseline,)
+        return tuple(self.baseline) if isinstance(self.baseline, list) else ()
 
     @property
     def label(self) -> str:
         where = f" [{self.scenario} @ {self.level}]" if self.scenario is not None else ""
         if self.baseline is None:
             return self.name or f"{self.metric}{where} {self.op} {self.threshold:g}"
-        return self.name or f"{self.metric}{where} {self.op} {self.ratio:g} x {self.baseline_run or 'baseline'}"
+        against = ", ".join(self.baseline_runs) or "baseline"
+        if (self.runs or 1) > 1:
+            against += f" ({self.runs} runs)"
+        return self.name or f"{self.metric}{where} {self.op} {self.ratio:g} x {against}"
 
     def bound(self, model: str, target: str) -> tuple[float | None, float | None]:
         """(effective threshold, baseline used) for a stored baseline; (None, None) when it has no

@@ -231,7 +231,7 @@ class RunReport:
             extra=extra,
             doubles=gate_mod.test_doubles(self.info),
             incomplete=gate_mod.incomplete(self.info, self.tables["requests"]),
-            runs=self._baselines() if any(g.baseline_run for g in gates) else None,
+            runs=self._baselines() if any(g.baseline_runs for g in gates) else None,
         )
 
     def _baselines(self) -> RunBaselines:

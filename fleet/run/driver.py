@@ -142,9 +142,9 @@ def check(
     if taken:
         msg = f"{run_dir}: run directory already exists; choose another --run-id"
         raise UserError(msg)
-    named = [g.baseline_run for g in manifest.gates if g.baseline_run not in (None, LATEST_PASS)]
+    named = [run for g in manifest.gates for run in g.baseline_runs if run != LATEST_PASS]
     with _storage(results_dir):
-        require_runs(results_dir, [n for n in named if n is not None], what="gates: baseline run")
+        require_runs(results_dir, named, what="gates: baseline run")
     unresolved = _preflight(manifest)
     if unresolved and len(unresolved) == len(manifest.models):  # nothing could run: nothing is started
         msg = f"{manifest_path}: no model's source can be resolved, so nothing would run; "
