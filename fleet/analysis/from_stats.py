@@ -18,8 +18,6 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from fleet.analysis import aligned, divergence, noise_model, parity
 from fleet.analysis.noise_model import NoiseSpec
@@ -40,41 +38,34 @@ def usable(stats: pl.LazyFrame) -> bool:
 
 
 class Flat:
-    """A list column as one flat Arrow array (nulls kept) and each row's start and length."""
+    """A list column as one flat Series of its elements (nulls kept) and each row's start and length."""
 
     def __init__(self, lists: pl.Series) -> None:
-        arrow = lists.to_arrow()
-        arrow = arrow.combine_chunks() if isinstance(arrow, pa.ChunkedArray) else arrow
-        self.n = aligned.lengths(arrow)
+        self.n = aligned.lengths(lists)
         self.start = np.concatenate([[0], np.cumsum(self.n)[:-1]]).astype(np.int64) if len(self.n) else self.n
-        self.values = pc.list_flatten(arrow)
+        self.values = aligned.elements(lists)
 
     def at(self, rows: np.ndarray, positions: np.ndarray, *, inside_lists: bool = False) -> pl.Series:
         """Values at (row, position) pairs; null where the position is past the row's list
         (`inside_lists`: the caller knows none is, and no mask is built)."""
         if inside_lists:
-            return pl.Series(pc.take(self.values, pa.array(self.start[rows] + positions)))
+            return self.values.gather(self.start[rows] + positions)
         inside = positions < self.n[rows]
-        index = pa.array(np.where(inside, self.start[rows] + np.minimum(positions, self.n[rows] - 1), 0), mask=~inside)
-        return pl.Series(pc.take(self.values, index))
+        found = self.values.gather(np.where(inside, self.start[rows] + np.minimum(positions, self.n[rows] - 1), 0))
+        return pl.select(pl.when(pl.Series(inside)).then(found)).to_series().alias(self.values.name)
 
     def numbers(self, first: int, last: int) -> np.ndarray:
         """`rows` as numbers (float32 as stored, not copied where there is no null), NaN for nulls."""
-        return self._slice(first, last).to_numpy(zero_copy_only=False)
+        return self.rows(first, last).to_numpy()
 
     def nulls(self, first: int, last: int) -> np.ndarray:
-        return self._slice(first, last).is_null().to_numpy(zero_copy_only=False)
-
-    def _slice(self, first: int, last: int) -> pa.Array:
-        lo = int(self.start[first]) if last > first else 0
-        hi = int(self.start[last - 1] + self.n[last - 1]) if last > first else 0
-        return self.values.slice(lo, hi - lo)
+        return self.rows(first, last).is_null().to_numpy()
 
     def rows(self, first: int, last: int) -> pl.Series:
         """Every value of rows first..last-1, in order."""
         lo = int(self.start[first]) if last > first else 0
         hi = int(self.start[last - 1] + self.n[last - 1]) if last > first else 0
-        return pl.Series(self.values.slice(lo, hi - lo))
+        return self.values.slice(lo, hi - lo)
 
 
 @dataclass(frozen=True)
@@ -98,7 +89,7 @@ class Pairs:
         # gather carrying the lists would copy every output token).
         keys = requests.select(*CAND).with_row_index("_c")
         keys = keys.filter(~is_ref).join(keys.filter(is_ref).select(*PROMPT, _r="_c"), on=PROMPT).sort(CAND)
-        ids = aligned.Lists(requests["output_token_ids"].to_arrow())
+        ids = aligned.Lists(requests["output_token_ids"])
         cand_rows, ref_rows = keys["_c"].to_numpy().astype(np.int64), keys["_r"].to_numpy().astype(np.int64)
         seq = parity.sequences_of(keys.select(CAND), aligned.compare_rows(ids, cand_rows, ref_rows))
         d = seq["first_divergence"].fill_null(-1).to_numpy()

@@ -13,6 +13,7 @@ object into titled sections, which each format lays out.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -83,7 +84,16 @@ class RunReport:
     notices: list[str]
     colors: dict[str, str]  # target -> plot colour, the same in every plot
     sweeps: pl.DataFrame | None = None  # fleet.analysis.perf.sweep_curve; None: no scenario sweeps
-    prompts: pl.DataFrame | None = None  # parity_resample.prompt_frame: every candidate prompt's figures
+    figures: Figures | None = None  # parity, every prompt's first step, divergences and sequences
+
+    @functools.cached_property
+    def prompts(self) -> pl.DataFrame | None:
+        """parity_resample.prompt_frame: every candidate prompt's figures, made when `fleet compare`
+        asks (a third of a second per 10M token rows that a report alone does not need)."""
+        if self.figures is None:
+            return None
+        _, first, per_prompt, seqs = self.figures
+        return parity_resample.prompt_frame(seqs, first, per_prompt)
 
     @classmethod
     def build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None = None, top: int = 20) -> RunReport:
@@ -146,7 +156,7 @@ class RunReport:
             notices=notices(info, requests),
             colors=_colors(info, t | {"tokens": requests.select("target")}),
             sweeps=sweep_curve(runs, swept) if runs is not None and swept else None,
-            prompts=parity_resample.prompt_frame(seqs, first, per_prompt),
+            figures=(parity, first, per_prompt, seqs),
         )
         gates = gate_mod.from_info(info) if gates is None else list(gates)
         verdicts = report.evaluate(gates) if gates else None
