@@ -179,21 +179,23 @@ class _Binned:
         self.floor = float(self.low[1]) if width > 1 else 0.0
 
     def quantiles(self, draws: np.ndarray, quantile: float) -> np.ndarray:
+        """Every resample's quantile at once: `_Sorted.quantile`'s ranks and interpolation, on bins."""
         counts = np.cumsum(draws.astype(float) @ self.hist, axis=1)
-        out = np.empty(len(draws))
-        for i, cum in enumerate(counts):
-            total = int(cum[-1])
-            index = _virtual_index(total, quantile)
-            below = int(np.floor(index))
-            lo, hi = (self._value(cum, min(max(r, 0), total - 1)) for r in (below, below + 1))
-            out[i] = _lerp(lo, hi, index - below)
-        return out
+        total = counts[:, -1].astype(np.int64)
+        index = _virtual_index(total, quantile)
+        below = np.floor(index).astype(np.int64)
+        lo, hi = (self._values(counts, np.clip(r, 0, total - 1)) for r in (below, below + 1))
+        t, diff = index - below, hi - lo
+        return np.where(t >= 0.5, hi - diff * (1 - t), lo + diff * t)  # _lerp, row by row
 
-    def _value(self, cum: np.ndarray, rank: int) -> float:
-        """The value of 0-based `rank`: the bin's values taken as evenly spread on the log scale."""
-        j = int(np.searchsorted(cum, rank, side="right"))
-        if j == 0:  # pooled column: zeros, or (never in practice: under the median) the floor
-            return 0.0 if self.exact_zeros else self.floor
-        before = cum[j - 1]
-        share = (rank - before + 0.5) / (cum[j] - before)
-        return float(self.low[j] * (self.high[j] / self.low[j]) ** share)
+    def _values(self, counts: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        """The value of 0-based `rank` in each row of cumulative counts: the bin's values taken as
+        evenly spread on the log scale."""
+        j = (counts <= rank[:, None]).sum(axis=1)  # searchsorted(row, rank, side="right"), per row
+        rows = np.arange(len(counts))
+        before = counts[rows, np.maximum(j - 1, 0)]
+        with np.errstate(divide="ignore", invalid="ignore"):  # j == 0 rows: replaced below
+            share = (rank - before + 0.5) / (counts[rows, j] - before)
+            value = self.low[j] * (self.high[j] / self.low[j]) ** share
+        # Column 0 pools zeros, or (never in practice: under the median) the floor.
+        return np.where(j == 0, 0.0 if self.exact_zeros else self.floor, value)

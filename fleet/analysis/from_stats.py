@@ -103,21 +103,30 @@ class Pairs:
         if cand.select(pl.struct(RUN).rle_id().n_unique()).item() != cand.select(pl.struct(RUN).n_unique()).item():
             cand = cand.sort(RUN, maintain_order=True)
         # Each prompt's rank in key order within its candidate: the bootstrap's unit (noise_model.one).
-        order = cand.select(CAND).with_row_index().sort(CAND).with_columns(prompt=pl.int_range(pl.len()).over(RUN))
-        cand = cand.with_columns(prompt=order.sort("index")["prompt"].cast(pl.Int64))
+        order = cand.select(CAND).with_row_index("_c").sort(CAND)
+        first = _runs(order)["first"].to_numpy().astype(np.int64)
+        rank = np.arange(order.height) - np.repeat(first, np.diff(np.append(first, order.height)))
+        prompt = np.empty(order.height, dtype=np.int64)
+        prompt[order["_c"].to_numpy()] = rank
+        cand = cand.with_columns(prompt=pl.Series(prompt))
         ref = stats.filter(is_ref).select(*PROMPT, "first_token_id", "logprobs").collect()
-        rows = (
-            seq.select(CAND)
-            .join(cand.select(CAND).with_row_index("_c"), on=CAND, how="left", maintain_order="left")
-            .join(ref.select(PROMPT).with_row_index("_r"), on=PROMPT, how="left", maintain_order="left")
-            .select(pl.col("_c", "_r").cast(pl.Int64).fill_null(-1))
-        )
-        return cls(seq, at_d, cand, ref, rows["_c"].to_numpy(), rows["_r"].to_numpy(), reference)
+        keys = seq.select(CAND)
+        if order.select(CAND).equals(keys):  # nearly always: one stats row per paired prompt, no join
+            cand_rows = order["_c"].cast(pl.Int64).to_numpy()
+        else:  # prompts without token rows, or without the reference's
+            cand_rows = _rows_of(keys, cand.select(CAND), CAND)
+        return cls(seq, at_d, cand, ref, cand_rows, _rows_of(keys, ref.select(PROMPT), PROMPT), reference)
 
     def candidates(self) -> Iterator[tuple[str, str, int, int, int, int]]:
         """(model, target, first cand row, end, first seq row, end) of each candidate's blocks."""
         both = _runs(self.cand).join(_runs(self.seq), on=RUN, how="left", suffix="_seq")
         yield from both.with_columns(pl.col("first_seq", "end_seq").fill_null(0)).iter_rows()
+
+
+def _rows_of(keys: pl.DataFrame, rows: pl.DataFrame, on: list[str]) -> np.ndarray:
+    """Per row of `keys`, the row of `rows` with the same `on` columns (-1: none)."""
+    found = keys.join(rows.with_row_index("_row"), on=on, how="left", maintain_order="left")
+    return found["_row"].cast(pl.Int64).fill_null(-1).to_numpy()
 
 
 def _runs(frame: pl.DataFrame) -> pl.DataFrame:
