@@ -222,9 +222,14 @@ def _prefix(pairs: Pairs, cand_lp: Flat, ref_lp: Flat, first_seq: int, end_seq: 
     c, r = np.where(has, cand_row, 0), np.where(has, ref_row, 0)
     first = pairs.seq["first_divergence"][first_seq:end_seq].fill_null(_NONE).to_numpy()
     n = np.where(has, np.minimum(np.minimum(cand_lp.n[c], ref_lp.n[r]), first), 0) if len(c) else c
-    row, position = aligned.common(n)
-    cand_values = cand_lp.at(c[row], position, inside_lists=True).cast(_F64)
-    return pl.DataFrame({"_cand_lp": cand_values, "_ref_lp": ref_lp.at(r[row], position, inside_lists=True).cast(_F64)})
+    # Each side's flat index of each prefix position: its list's start, repeated over the prefix,
+    # plus the position (the running count less the prefix's own start): repeats, no gathers per position.
+    n = n.astype(np.int64)
+    before = np.cumsum(n) - n
+    index = np.arange(int(n.sum()), dtype=np.int64)
+    cand_values = cand_lp.values.gather(index + np.repeat(cand_lp.start[c] - before, n)).cast(_F64)
+    index += np.repeat(ref_lp.start[r] - before, n)
+    return pl.DataFrame({"_cand_lp": cand_values, "_ref_lp": ref_lp.values.gather(index).cast(_F64)})
 
 
 def divergences(pairs: Pairs, stats: pl.LazyFrame, spec: NoiseSpec, table: pl.DataFrame) -> pl.DataFrame:

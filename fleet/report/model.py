@@ -359,8 +359,10 @@ def _worst_sequences(
     """The `top` worst prompts per candidate (divergence.worst) with analysis.answers (texts, match,
     correctness) and the prompt: texts are read and judged for the prompts shown only."""
     picked = divergence.worst(seqs, per_prompt, top)
-    keys = picked.select(_PROMPT).unique().lazy()
-    shown = texts.join(keys, on=_PROMPT, how="semi").collect()
+    keys = picked.select(_PROMPT).unique()
+    # The filter reaches the Parquet reader, which then decodes the texts of those prompts only.
+    ids = pl.col("prompt_id").is_in(keys["prompt_id"].implode())
+    shown = texts.filter(ids).join(keys.lazy(), on=_PROMPT, how="semi").collect()
     answers = analysis.answers(shown, reference)
     prompts = shown.filter(pl.col("target") == reference).select(*_PROMPT, "prompt")
     return (
