@@ -83,8 +83,9 @@ def table(
     # load prompts only: its parity run may hold millions of other token rows in the same prompt set.
     sent = load_req.select(_PROMPT).unique()
     of_sets = (pl.col("target") == reference) & pl.col("prompt_set").is_in(sent["prompt_set"].unique().implode())
-    ref_req = requests.lazy().filter(of_sets).join(sent.lazy(), on=_PROMPT, how="semi").select(_REQUEST_COLUMNS)
-    ref_req = ref_req.collect()
+    ref_req = (
+        requests.lazy().filter(of_sets).join(sent.lazy(), on=_PROMPT, how="semi").select(_REQUEST_COLUMNS).collect()
+    )
     if ref_req.is_empty():  # it has none of them (failed there; a replicated run renamed them): then one
         # of its prompts keeps the reference among the targets, matched by no load row, as all of them were.
         ref_req = requests.lazy().filter(of_sets).select(_REQUEST_COLUMNS).head(1).collect()
