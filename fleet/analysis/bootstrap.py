@@ -73,6 +73,33 @@ def interval(
     return float(low), float(high)
 
 
+def quantile(values: np.ndarray, q: float) -> float:
+    """numpy.quantile(values, q) ("linear"), the same float, for values without NaN. On a big array
+    an upper quantile's two order statistics are selected among the values above a bound read off
+    every 64th value (about 1 % of them for a p99), not by partitioning a copy of them all."""
+    n = len(values)
+    index = (n - 1) * q  # numpy's "linear" virtual index, as numpy.quantile computes it
+    below = int(np.floor(index))
+    ranks = min(max(below, 0), n - 1), min(max(below + 1, 0), n - 1)
+    if n >= _SELECT_MIN and values.dtype == np.float64:  # numpy interpolates other types in their own
+        sample = values[::64]
+        # Six standard deviations of the sample's rank under the quantile: the bound is below the
+        # order statistics wanted but for a freak sample, and then every value is partitioned.
+        spread = 6 * np.sqrt(len(sample) * q * (1 - q)) + 8
+        at = int(max(0, min(len(sample) - 1, np.floor(len(sample) * ranks[0] / n - spread))))
+        bound = np.partition(sample, at)[at]
+        top = values[values >= bound]
+        skipped = n - len(top)
+        if skipped <= ranks[0]:
+            wanted = [ranks[0] - skipped, ranks[1] - skipped]
+            lo, hi = np.partition(top, wanted)[wanted]
+            return _lerp(lo, hi, index - below)
+    return float(np.quantile(values, q))
+
+
+_SELECT_MIN = 1 << 16
+
+
 def draw(rng: np.random.Generator, units: int) -> np.ndarray:
     """One resample: how often each of `units` units (prompts, requests) is drawn in `units` draws
     with replacement."""

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from fleet.analysis import aligned, divergence, noise_model, parity
+from fleet.analysis import aligned, bootstrap, divergence, noise_model, parity
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.analysis.parity import CAND, PROMPT, RUN
 
@@ -178,7 +178,7 @@ def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.Data
         nan = bool(np.isnan(cand_diff).any())
         tf: dict[str, float | None] = dict.fromkeys(_TF)
         if cand_diff.size and not nan:
-            p99 = np.quantile(cand_diff, divergence.NOISE_QUANTILE)
+            p99 = bootstrap.quantile(cand_diff, divergence.NOISE_QUANTILE)
             tf = dict(zip(_TF, map(float, (cand_diff.max(), cand_diff.mean(), p99)), strict=True))
         prefix = _prefix(pairs, lp, ref_side, first_seq, end_seq).select(**parity.prefix_expressions())
         key = {"model": model, "target": target}
