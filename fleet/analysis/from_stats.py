@@ -51,6 +51,8 @@ class Flat:
         if inside_lists:
             return self.values.gather(self.start[rows] + positions)
         inside = positions < self.n[rows]
+        if not inside.any():  # then there may be no values to point the others at
+            return pl.Series(self.values.name, dtype=self.values.dtype).extend_constant(None, len(rows))
         found = self.values.gather(np.where(inside, self.start[rows] + np.minimum(positions, self.n[rows] - 1), 0))
         return pl.select(pl.when(pl.Series(inside)).then(found)).to_series().alias(self.values.name)
 
