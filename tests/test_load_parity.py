@@ -9,7 +9,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 
+from fleet.analysis import load_parity
+from fleet.analysis.noise_model import NoiseSpec
 from fleet.contracts.gates import Gate
 from fleet.report.model import RunReport
 from fleet.results import reader
@@ -139,3 +142,26 @@ def test_parity_vs_load_rows_recompute_from_the_stored_tokens(
 
     assert sections(report)["load_parity"].blocks
     assert "Parity vs load: TF p99 |dlogp| (nats) by concurrency, short" in render_html(report)
+
+
+def test_parity_vs_load_reads_the_reference_rows_of_the_load_prompts_only(
+    engine_run: Path, tables: dict[str, pl.DataFrame]
+) -> None:
+    """The reference's rows of other prompts (millions of token rows in a big run's parity set)
+    change nothing; with none of the load prompts among its rows (a copy that renamed them), no
+    level is judged against it, and the table is still made."""
+    spec = NoiseSpec.from_info(reader.read_info(engine_run))
+    load = (tables["load_requests"], tables["load_tokens"])
+    req, tok = tables["requests"], tables["tokens"]
+    full = load_parity.table(*load, req, tok, REF, spec=spec)
+    sent = tables["load_requests"].select("model", "prompt_set", "prompt_id").unique()
+    assert req.join(sent, on=["model", "prompt_set", "prompt_id"], how="anti").height  # other prompts exist
+    only = load_parity.table(
+        *load, *(t.join(sent, on=["model", "prompt_set", "prompt_id"], how="semi") for t in (req, tok)), REF, spec=spec
+    )
+    assert_frame_equal(only, full)
+    renamed = [t.with_columns(pl.col("prompt_id") + "~0") for t in (req, tok)]
+    unmatched = load_parity.table(*load, *renamed, REF, spec=spec)
+    assert unmatched.select(LEVEL).rows() == full.select(LEVEL).rows()
+    assert unmatched["real_divergences"].is_null().all() and unmatched["tf_p99_abs_logprob_diff"].is_null().all()
+    assert unmatched["paths_changed_vs_solo"].to_list() == full["paths_changed_vs_solo"].to_list()  # load vs solo

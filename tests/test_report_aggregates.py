@@ -157,6 +157,18 @@ def test_block_bootstrap_agrees_with_the_prompt_bootstrap(seed: int, monkeypatch
     assert np.abs(blocks - exact).max() <= 0.05 * (exact[1] - exact[0]), (exact, blocks)
 
 
+def test_quantile_is_numpys_bit_for_bit() -> None:
+    """bootstrap.quantile selects among the values above a sampled bound: the same float as
+    numpy.quantile, with ties, zeros, sorted input and the quantiles at either end."""
+    rng = np.random.default_rng(2)
+    n = bootstrap._SELECT_MIN + 1000
+    arrays = [np.abs(rng.standard_t(3, n)), rng.integers(0, 3, n).astype(float), np.zeros(n), np.sort(rng.random(n))]
+    arrays.append(rng.random(n).astype(np.float32))  # float32 logprob differences as stored
+    for values in arrays:
+        for q in (0.0, 0.01, 0.5, 0.99, 0.999, 1.0):
+            assert bootstrap.quantile(values, q) == float(np.quantile(values, q)), (values[:3], q)
+
+
 def test_sequences_compare_lists_as_the_definition_says() -> None:
     """Positions past the shorter output count as mismatches; a null output is an empty one."""
     outputs = {"a": ([1, 2, 3], [1, 2, 4]), "b": ([1, 2], [1, 2, 3]), "c": ([], []), "d": (None, [5]), "e": ([7], [7])}

@@ -8,21 +8,25 @@ every token of the run; here the flat Arrow buffers are compared in place, one v
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+import polars as pl
+
+# Series, not pyarrow: converting Arrow arrays to numpy makes pyarrow import pandas (0.3 s a report).
 
 
-def flat(lists: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+def elements(lists: pl.Series) -> pl.Series:
+    """Every element of every list, in order (nulls inside lists kept); null and empty lists hold none."""
+    return lists.explode(empty_as_null=False, keep_nulls=False)
+
+
+def flat(lists: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     """(values, start offset of each row's list): null lists count as empty."""
-    lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
-    lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    values = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
-    return values, starts
+    values = elements(lists).to_numpy()
+    n = lengths(lists)
+    return values, np.concatenate([[0], np.cumsum(n)[:-1]]) if len(n) else n
 
 
-def lengths(lists: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+def lengths(lists: pl.Series) -> np.ndarray:
+    return lists.list.len().fill_null(0).to_numpy().astype(np.int64)
 
 
 def common(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -34,21 +38,18 @@ def common(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return row, position
 
 
-def compare(cand: pa.Array | pa.ChunkedArray, ref: pa.Array | pa.ChunkedArray) -> dict[str, np.ndarray]:
+def compare(cand: pl.Series, ref: pl.Series) -> dict[str, np.ndarray]:
     """Per row: n_cand, n_ref, tokens_matched (#positions where both lists hold the same id),
     first_divergence (the first position where they differ, a position past the shorter list
     counting as different; -1 where the lists are equal)."""
-    cand = cand.combine_chunks() if isinstance(cand, pa.ChunkedArray) else cand
-    ref = ref.combine_chunks() if isinstance(ref, pa.ChunkedArray) else ref
     rows = np.arange(len(cand))
-    return compare_rows(Lists(pa.concat_arrays([cand, ref])), rows, rows + len(cand))
+    return compare_rows(Lists(pl.concat([cand, ref])), rows, rows + len(cand))
 
 
 class Lists:
     """A list column as flat values (numpy) with each row's start and length."""
 
-    def __init__(self, lists: pa.Array | pa.ChunkedArray) -> None:
-        lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+    def __init__(self, lists: pl.Series) -> None:
         self.values, self.start = flat(lists)
         self.n = lengths(lists)
 

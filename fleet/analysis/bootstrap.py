@@ -73,6 +73,33 @@ def interval(
     return float(low), float(high)
 
 
+def quantile(values: np.ndarray, q: float) -> float:
+    """numpy.quantile(values, q) ("linear"), the same float, for values without NaN. On a big array
+    an upper quantile's two order statistics are selected among the values above a bound read off
+    every 64th value (about 1 % of them for a p99), not by partitioning a copy of them all."""
+    n = len(values)
+    index = (n - 1) * q  # numpy's "linear" virtual index, as numpy.quantile computes it
+    below = int(np.floor(index))
+    ranks = min(max(below, 0), n - 1), min(max(below + 1, 0), n - 1)
+    if n >= _SELECT_MIN and values.dtype == np.float64:  # numpy interpolates other types in their own
+        sample = values[::64]
+        # Six standard deviations of the sample's rank under the quantile: the bound is below the
+        # order statistics wanted but for a freak sample, and then every value is partitioned.
+        spread = 6 * np.sqrt(len(sample) * q * (1 - q)) + 8
+        at = int(max(0, min(len(sample) - 1, np.floor(len(sample) * ranks[0] / n - spread))))
+        bound = np.partition(sample, at)[at]
+        top = values[values >= bound]
+        skipped = n - len(top)
+        if skipped <= ranks[0]:
+            wanted = [ranks[0] - skipped, ranks[1] - skipped]
+            lo, hi = np.partition(top, wanted)[wanted]
+            return _lerp(lo, hi, index - below)
+    return float(np.quantile(values, q))
+
+
+_SELECT_MIN = 1 << 16
+
+
 def draw(rng: np.random.Generator, units: int) -> np.ndarray:
     """One resample: how often each of `units` units (prompts, requests) is drawn in `units` draws
     with replacement."""
@@ -189,21 +216,23 @@ class _Binned:
         self.floor = float(self.low[1]) if width > 1 else 0.0
 
     def quantiles(self, draws: np.ndarray, quantile: float) -> np.ndarray:
+        """Every resample's quantile at once: `_Sorted.quantile`'s ranks and interpolation, on bins."""
         counts = np.cumsum(draws.astype(float) @ self.hist, axis=1)
-        out = np.empty(len(draws))
-        for i, cum in enumerate(counts):
-            total = int(cum[-1])
-            index = _virtual_index(total, quantile)
-            below = int(np.floor(index))
-            lo, hi = (self._value(cum, min(max(r, 0), total - 1)) for r in (below, below + 1))
-            out[i] = _lerp(lo, hi, index - below)
-        return out
+        total = counts[:, -1].astype(np.int64)
+        index = _virtual_index(total, quantile)
+        below = np.floor(index).astype(np.int64)
+        lo, hi = (self._values(counts, np.clip(r, 0, total - 1)) for r in (below, below + 1))
+        t, diff = index - below, hi - lo
+        return np.where(t >= 0.5, hi - diff * (1 - t), lo + diff * t)  # _lerp, row by row
 
-    def _value(self, cum: np.ndarray, rank: int) -> float:
-        """The value of 0-based `rank`: the bin's values taken as evenly spread on the log scale."""
-        j = int(np.searchsorted(cum, rank, side="right"))
-        if j == 0:  # pooled column: zeros, or (never in practice: under the median) the floor
-            return 0.0 if self.exact_zeros else self.floor
-        before = cum[j - 1]
-        share = (rank - before + 0.5) / (cum[j] - before)
-        return float(self.low[j] * (self.high[j] / self.low[j]) ** share)
+    def _values(self, counts: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        """The value of 0-based `rank` in each row of cumulative counts: the bin's values taken as
+        evenly spread on the log scale."""
+        j = (counts <= rank[:, None]).sum(axis=1)  # searchsorted(row, rank, side="right"), per row
+        rows = np.arange(len(counts))
+        before = counts[rows, np.maximum(j - 1, 0)]
+        with np.errstate(divide="ignore", invalid="ignore"):  # j == 0 rows: replaced below
+            share = (rank - before + 0.5) / (counts[rows, j] - before)
+            value = self.low[j] * (self.high[j] / self.low[j]) ** share
+        # Column 0 pools zeros, or (never in practice: under the median) the floor.
+        return np.where(j == 0, 0.0 if self.exact_zeros else self.floor, value)

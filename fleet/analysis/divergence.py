@@ -174,11 +174,18 @@ def summary_of(
 
 
 def worst(seqs: pl.DataFrame, per_prompt: pl.DataFrame, top: int) -> pl.DataFrame:
-    """Of `seqs` (one row per candidate prompt), the `top` worst per candidate: real divergences,
+    """Of `seqs` (one row per candidate prompt, in key order), the `top` worst per candidate: real divergences,
     then near ties, earliest first, then the fewest matched tokens; with their kind and margin."""
     kinds = pl.col("kind").replace_strict({"divergence": 0, "near tie": 1}, default=2, return_dtype=pl.Int8)
-    joined = seqs.join(per_prompt.select(*CAND, "kind", "ref_margin", "noise"), on=CAND, how="left")
-    ranked = joined.sort(
-        kinds, pl.col("first_divergence"), pl.col("tokens_matched"), *CAND, nulls_last=True, maintain_order=True
+    extra = ["kind", "ref_margin", "noise"]
+    if seqs.select(CAND).equals(per_prompt.select(CAND)):  # the report's: the same prompts in the same order
+        joined = seqs.hstack(per_prompt.select(extra))
+    else:
+        joined = seqs.join(per_prompt.select(*CAND, *extra), on=CAND, how="left", maintain_order="left")
+    # `seqs` is in key order (parity.sequences sorts it): each candidate's rows lie together, and a
+    # stable sort on numbers alone within each keeps key order among ties: the order of sorting on
+    # the keys too, without comparing millions of strings again.
+    ranked = joined.with_columns(_candidate=pl.struct(RUN).rle_id()).sort(
+        "_candidate", kinds, "first_divergence", "tokens_matched", nulls_last=True, maintain_order=True
     )
-    return ranked.group_by("model", "target", maintain_order=True).head(top).sort(CAND)
+    return ranked.group_by("_candidate", maintain_order=True).head(top).drop("_candidate").sort(CAND)

@@ -18,10 +18,8 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from fleet.analysis import aligned, divergence, noise_model, parity
+from fleet.analysis import aligned, bootstrap, divergence, noise_model, parity
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.analysis.parity import CAND, PROMPT, RUN
 
@@ -40,41 +38,36 @@ def usable(stats: pl.LazyFrame) -> bool:
 
 
 class Flat:
-    """A list column as one flat Arrow array (nulls kept) and each row's start and length."""
+    """A list column as one flat Series of its elements (nulls kept) and each row's start and length."""
 
     def __init__(self, lists: pl.Series) -> None:
-        arrow = lists.to_arrow()
-        arrow = arrow.combine_chunks() if isinstance(arrow, pa.ChunkedArray) else arrow
-        self.n = aligned.lengths(arrow)
+        self.n = aligned.lengths(lists)
         self.start = np.concatenate([[0], np.cumsum(self.n)[:-1]]).astype(np.int64) if len(self.n) else self.n
-        self.values = pc.list_flatten(arrow)
+        self.values = aligned.elements(lists)
 
     def at(self, rows: np.ndarray, positions: np.ndarray, *, inside_lists: bool = False) -> pl.Series:
         """Values at (row, position) pairs; null where the position is past the row's list
         (`inside_lists`: the caller knows none is, and no mask is built)."""
         if inside_lists:
-            return pl.Series(pc.take(self.values, pa.array(self.start[rows] + positions)))
+            return self.values.gather(self.start[rows] + positions)
         inside = positions < self.n[rows]
-        index = pa.array(np.where(inside, self.start[rows] + np.minimum(positions, self.n[rows] - 1), 0), mask=~inside)
-        return pl.Series(pc.take(self.values, index))
+        if not inside.any():  # then there may be no values to point the others at
+            return pl.Series(self.values.name, dtype=self.values.dtype).extend_constant(None, len(rows))
+        found = self.values.gather(np.where(inside, self.start[rows] + np.minimum(positions, self.n[rows] - 1), 0))
+        return pl.select(pl.when(pl.Series(inside)).then(found)).to_series().alias(self.values.name)
 
     def numbers(self, first: int, last: int) -> np.ndarray:
         """`rows` as numbers (float32 as stored, not copied where there is no null), NaN for nulls."""
-        return self._slice(first, last).to_numpy(zero_copy_only=False)
+        return self.rows(first, last).to_numpy()
 
     def nulls(self, first: int, last: int) -> np.ndarray:
-        return self._slice(first, last).is_null().to_numpy(zero_copy_only=False)
-
-    def _slice(self, first: int, last: int) -> pa.Array:
-        lo = int(self.start[first]) if last > first else 0
-        hi = int(self.start[last - 1] + self.n[last - 1]) if last > first else 0
-        return self.values.slice(lo, hi - lo)
+        return self.rows(first, last).is_null().to_numpy()
 
     def rows(self, first: int, last: int) -> pl.Series:
         """Every value of rows first..last-1, in order."""
         lo = int(self.start[first]) if last > first else 0
         hi = int(self.start[last - 1] + self.n[last - 1]) if last > first else 0
-        return pl.Series(self.values.slice(lo, hi - lo))
+        return self.values.slice(lo, hi - lo)
 
 
 @dataclass(frozen=True)
@@ -98,7 +91,7 @@ class Pairs:
         # gather carrying the lists would copy every output token).
         keys = requests.select(*CAND).with_row_index("_c")
         keys = keys.filter(~is_ref).join(keys.filter(is_ref).select(*PROMPT, _r="_c"), on=PROMPT).sort(CAND)
-        ids = aligned.Lists(requests["output_token_ids"].to_arrow())
+        ids = aligned.Lists(requests["output_token_ids"])
         cand_rows, ref_rows = keys["_c"].to_numpy().astype(np.int64), keys["_r"].to_numpy().astype(np.int64)
         seq = parity.sequences_of(keys.select(CAND), aligned.compare_rows(ids, cand_rows, ref_rows))
         d = seq["first_divergence"].fill_null(-1).to_numpy()
@@ -112,21 +105,30 @@ class Pairs:
         if cand.select(pl.struct(RUN).rle_id().n_unique()).item() != cand.select(pl.struct(RUN).n_unique()).item():
             cand = cand.sort(RUN, maintain_order=True)
         # Each prompt's rank in key order within its candidate: the bootstrap's unit (noise_model.one).
-        order = cand.select(CAND).with_row_index().sort(CAND).with_columns(prompt=pl.int_range(pl.len()).over(RUN))
-        cand = cand.with_columns(prompt=order.sort("index")["prompt"].cast(pl.Int64))
+        order = cand.select(CAND).with_row_index("_c").sort(CAND)
+        first = _runs(order)["first"].to_numpy().astype(np.int64)
+        rank = np.arange(order.height) - np.repeat(first, np.diff(np.append(first, order.height)))
+        prompt = np.empty(order.height, dtype=np.int64)
+        prompt[order["_c"].to_numpy()] = rank
+        cand = cand.with_columns(prompt=pl.Series(prompt))
         ref = stats.filter(is_ref).select(*PROMPT, "first_token_id", "logprobs").collect()
-        rows = (
-            seq.select(CAND)
-            .join(cand.select(CAND).with_row_index("_c"), on=CAND, how="left", maintain_order="left")
-            .join(ref.select(PROMPT).with_row_index("_r"), on=PROMPT, how="left", maintain_order="left")
-            .select(pl.col("_c", "_r").cast(pl.Int64).fill_null(-1))
-        )
-        return cls(seq, at_d, cand, ref, rows["_c"].to_numpy(), rows["_r"].to_numpy(), reference)
+        keys = seq.select(CAND)
+        if order.select(CAND).equals(keys):  # nearly always: one stats row per paired prompt, no join
+            cand_rows = order["_c"].cast(pl.Int64).to_numpy()
+        else:  # prompts without token rows, or without the reference's
+            cand_rows = _rows_of(keys, cand.select(CAND), CAND)
+        return cls(seq, at_d, cand, ref, cand_rows, _rows_of(keys, ref.select(PROMPT), PROMPT), reference)
 
     def candidates(self) -> Iterator[tuple[str, str, int, int, int, int]]:
         """(model, target, first cand row, end, first seq row, end) of each candidate's blocks."""
         both = _runs(self.cand).join(_runs(self.seq), on=RUN, how="left", suffix="_seq")
         yield from both.with_columns(pl.col("first_seq", "end_seq").fill_null(0)).iter_rows()
+
+
+def _rows_of(keys: pl.DataFrame, rows: pl.DataFrame, on: list[str]) -> np.ndarray:
+    """Per row of `keys`, the row of `rows` with the same `on` columns (-1: none)."""
+    found = keys.join(rows.with_row_index("_row"), on=on, how="left", maintain_order="left")
+    return found["_row"].cast(pl.Int64).fill_null(-1).to_numpy()
 
 
 def _runs(frame: pl.DataFrame) -> pl.DataFrame:
@@ -178,7 +180,7 @@ def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.Data
         nan = bool(np.isnan(cand_diff).any())
         tf: dict[str, float | None] = dict.fromkeys(_TF)
         if cand_diff.size and not nan:
-            p99 = np.quantile(cand_diff, divergence.NOISE_QUANTILE)
+            p99 = bootstrap.quantile(cand_diff, divergence.NOISE_QUANTILE)
             tf = dict(zip(_TF, map(float, (cand_diff.max(), cand_diff.mean(), p99)), strict=True))
         prefix = _prefix(pairs, lp, ref_side, first_seq, end_seq).select(**parity.prefix_expressions())
         key = {"model": model, "target": target}
@@ -222,9 +224,14 @@ def _prefix(pairs: Pairs, cand_lp: Flat, ref_lp: Flat, first_seq: int, end_seq: 
     c, r = np.where(has, cand_row, 0), np.where(has, ref_row, 0)
     first = pairs.seq["first_divergence"][first_seq:end_seq].fill_null(_NONE).to_numpy()
     n = np.where(has, np.minimum(np.minimum(cand_lp.n[c], ref_lp.n[r]), first), 0) if len(c) else c
-    row, position = aligned.common(n)
-    cand_values = cand_lp.at(c[row], position, inside_lists=True).cast(_F64)
-    return pl.DataFrame({"_cand_lp": cand_values, "_ref_lp": ref_lp.at(r[row], position, inside_lists=True).cast(_F64)})
+    # Each side's flat index of each prefix position: its list's start, repeated over the prefix,
+    # plus the position (the running count less the prefix's own start): repeats, no gathers per position.
+    n = n.astype(np.int64)
+    before = np.cumsum(n) - n
+    index = np.arange(int(n.sum()), dtype=np.int64)
+    cand_values = cand_lp.values.gather(index + np.repeat(cand_lp.start[c] - before, n)).cast(_F64)
+    index += np.repeat(ref_lp.start[r] - before, n)
+    return pl.DataFrame({"_cand_lp": cand_values, "_ref_lp": ref_lp.values.gather(index).cast(_F64)})
 
 
 def divergences(pairs: Pairs, stats: pl.LazyFrame, spec: NoiseSpec, table: pl.DataFrame) -> pl.DataFrame:

@@ -25,6 +25,7 @@ COLUMNS = [
     "delta_real_divergences", "delta_tf_p99", "paths_changed_vs_solo", "real_divergences_vs_solo",
 ]  # fmt: skip
 _SEP = "\x1f"  # joins a level's keys into one candidate name for the parity functions
+_PROMPT = ["model", "prompt_set", "prompt_id"]
 _REQUEST_COLUMNS = ["model", "target", "prompt_set", "prompt_id", "output_token_ids"]
 _TOKEN_COLUMNS = [
     "model", "target", "prompt_set", "prompt_id", "position", "token_id", "logprob", "topk_ids", "topk_logprobs",
@@ -93,28 +94,36 @@ def evaluate(
     spec = spec or NoiseSpec()
     load_req = _labelled(load_requests).collect()
     if load_req.is_empty():
-        keys = {"model": pl.String, "target": pl.String, "scenario": pl.String, "level": pl.Int32}
+        level_keys = {"model": pl.String, "target": pl.String, "scenario": pl.String, "level": pl.Int32}
         prompts = {
-            **keys,
+            **level_keys,
             "prompt_set": pl.String,
             "prompt_id": pl.String,
             "real": pl.Boolean,
             "real_vs_solo": pl.Boolean,
         }
-        return pl.DataFrame(schema={**dict.fromkeys(COLUMNS, pl.Float64), **keys}), pl.DataFrame(schema=prompts)
-    sets = load_req["prompt_set"].unique().to_list()
-    is_ref = (pl.col("target") == reference) & pl.col("prompt_set").is_in(sets)
-    # The reference's own greedy outputs (and its rows, which the parity functions look for).
-    req = pl.concat(
-        [requests.lazy().filter(is_ref).select(_REQUEST_COLUMNS).collect(), load_req.select(_REQUEST_COLUMNS)],
-        how="vertical_relaxed",
+        empty = pl.DataFrame(schema={**dict.fromkeys(COLUMNS, pl.Float64), **level_keys})
+        return empty, pl.DataFrame(schema=prompts)
+    # The reference's own greedy outputs (and its rows, which the parity functions look for), of the
+    # load prompts only: its parity run may hold millions of other token rows in the same prompt set.
+    sent = load_req.select(_PROMPT).unique()
+    of_sets = (pl.col("target") == reference) & pl.col("prompt_set").is_in(sent["prompt_set"].unique().implode())
+    ref_req = (
+        requests.lazy().filter(of_sets).join(sent.lazy(), on=_PROMPT, how="semi").select(_REQUEST_COLUMNS).collect()
     )
+    if ref_req.is_empty():  # it has none of them (failed there; a replicated run renamed them): then one
+        # of its prompts keeps the reference among the targets, matched by no load row, as all of them were.
+        ref_req = requests.lazy().filter(of_sets).select(_REQUEST_COLUMNS).head(1).collect()
+    keys = ref_req.select(_PROMPT)
+    ref_tok = (
+        tokens.lazy()
+        .filter(of_sets & pl.col("prompt_id").is_in(keys["prompt_id"].unique().implode()))  # pushed down to the scan
+        .join(keys.lazy(), on=_PROMPT, how="semi")
+        .select(_TOKEN_COLUMNS)
+    )
+    req = pl.concat([ref_req, load_req.select(_REQUEST_COLUMNS)], how="vertical_relaxed")
     tok = pl.concat(
-        [
-            tokens.lazy().filter(is_ref).select(_TOKEN_COLUMNS).collect(),
-            _labelled(load_tokens).select(_TOKEN_COLUMNS).collect(),
-        ],
-        how="vertical_relaxed",
+        [ref_tok.collect(), _labelled(load_tokens).select(_TOKEN_COLUMNS).collect()], how="vertical_relaxed"
     )
     labels = load_req.select("model", "target").unique()
     dtypes = {

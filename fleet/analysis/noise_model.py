@@ -142,12 +142,12 @@ def one(
             cand, twin_values, prompt, cand_p99 = cand[twinned], twin[twinned], prompt[twinned], None
         else:
             twin_values = twin
-        twin_p99 = float(np.quantile(twin_values, QUANTILE))
+        twin_p99 = bootstrap.quantile(twin_values, QUANTILE)
     else:
         source = f"default for {dtype} (no twin ran; SmolLM2-135M measurement) x {allowance:g}"
         twin_p99 = DEFAULT_TWIN_P99.get(dtype, DEFAULT_TWIN_P99["bfloat16"])
     noise = twin_p99 * allowance
-    cand_q = float(np.quantile(cand, QUANTILE)) if cand_p99 is None else cand_p99
+    cand_q = bootstrap.quantile(cand, QUANTILE) if cand_p99 is None else cand_p99
     excess = cand_q / noise if noise > 0 else None
     # Prompts renumbered 0..P-1 over those left, in key order: the bootstrap's resampling unit.
     present = np.bincount(prompt) > 0

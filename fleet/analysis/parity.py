@@ -117,7 +117,7 @@ def sequences(requests: Frame, reference: str) -> pl.DataFrame:
         .sort(CAND)
         .collect()
     )
-    return sequences_of(pairs.select(CAND), aligned.compare(pairs["_cand"].to_arrow(), pairs["_ref"].to_arrow()))
+    return sequences_of(pairs.select(CAND), aligned.compare(pairs["_cand"], pairs["_ref"]))
 
 
 def sequences_of(keys: pl.DataFrame, out: dict[str, np.ndarray]) -> pl.DataFrame:

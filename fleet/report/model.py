@@ -13,6 +13,7 @@ object into titled sections, which each format lays out.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -83,11 +84,20 @@ class RunReport:
     notices: list[str]
     colors: dict[str, str]  # target -> plot colour, the same in every plot
     sweeps: pl.DataFrame | None = None  # fleet.analysis.perf.sweep_curve; None: no scenario sweeps
-    prompts: pl.DataFrame | None = None  # parity_resample.prompt_frame: every candidate prompt's figures
     judged: pl.DataFrame | None = None  # analysis.judged: every answer with an expected one (None: no such prompt)
     load_prompts: pl.DataFrame | None = None  # load_parity.evaluate: each load parity prompt's verdicts
     consistency_prompts: pl.DataFrame | None = None  # consistency.prompt_pairs: each variant pair's prompts
     prompt_stats: pl.LazyFrame | None = None  # the prompt_stats table, scanned, where the figures came from it
+    figures: Figures | None = None  # parity, every prompt's first step, divergences and sequences
+
+    @functools.cached_property
+    def prompts(self) -> pl.DataFrame | None:
+        """parity_resample.prompt_frame: every candidate prompt's figures, made when `fleet compare`
+        asks (a third of a second per 10M token rows that a report alone does not need)."""
+        if self.figures is None:
+            return None
+        _, first, per_prompt, seqs = self.figures
+        return parity_resample.prompt_frame(seqs, first, per_prompt)
 
     @classmethod
     def build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None = None, top: int = 20) -> RunReport:
@@ -153,13 +163,13 @@ class RunReport:
             notices=notices(info, requests),
             colors=_colors(info, t | {"tokens": requests.select("target")}),
             sweeps=sweep_curve(runs, swept) if runs is not None and swept else None,
-            prompts=parity_resample.prompt_frame(seqs, first, per_prompt),
             judged=judged if judged.height else None,
             load_prompts=load[1] if load else None,
             prompt_stats=stats if use_stats else None,
             consistency_prompts=compared.select("model", "target_a", "target_b", *_PROMPT[1:], "_near", "_judged")
             if compared is not None
             else None,
+            figures=(parity, first, per_prompt, seqs),
         )
         gates = gate_mod.from_info(info) if gates is None else list(gates)
         verdicts = report.evaluate(gates) if gates else None
@@ -363,8 +373,10 @@ def _worst_sequences(
     """The `top` worst prompts per candidate (divergence.worst) with analysis.answers (texts, match,
     correctness) and the prompt: texts are read and judged for the prompts shown only."""
     picked = divergence.worst(seqs, per_prompt, top)
-    keys = picked.select(_PROMPT).unique().lazy()
-    shown = texts.join(keys, on=_PROMPT, how="semi").collect()
+    keys = picked.select(_PROMPT).unique()
+    # The filter reaches the Parquet reader, which then decodes the texts of those prompts only.
+    ids = pl.col("prompt_id").is_in(keys["prompt_id"].implode())
+    shown = texts.filter(ids).join(keys.lazy(), on=_PROMPT, how="semi").collect()
     answers = analysis.answers(shown, reference)
     prompts = shown.filter(pl.col("target") == reference).select(*_PROMPT, "prompt")
     return (
