@@ -173,6 +173,6 @@ def test_a_test_double_shard_as_before_and_a_reference_shard(tmp_path: Any, monk
 def test_a_null_key_is_refused() -> None:
     tokens = shard(np.random.default_rng(1), 3, 4, 2)
     ids = tokens.column("prompt_id").combine_chunks()
-    tokens = tokens.set_column(4, "prompt_id", pa.array(ids.to_pylist()[:-1] + [None], pa.string()))
+    tokens = tokens.set_column(4, "prompt_id", pa.array([*ids.to_pylist()[:-1], None], pa.string()))
     with pytest.raises(ValueError, match="null 'prompt_id'"):
         prompt_stats.summarize(tokens)
