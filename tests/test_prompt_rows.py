@@ -170,9 +170,13 @@ def test_a_test_double_shard_as_before_and_a_reference_shard(tmp_path: Any, monk
     assert prompt_stats.summarize(scored.slice(0, 0)).equals(by_sort(scored.slice(0, 0)))
 
 
-def test_a_null_key_is_refused() -> None:
-    tokens = shard(np.random.default_rng(1), 3, 4, 2)
-    ids = tokens.column("prompt_id").combine_chunks()
-    tokens = tokens.set_column(4, "prompt_id", pa.array([*ids.to_pylist()[:-1], None], pa.string()))
-    with pytest.raises(ValueError, match="null 'prompt_id'"):
-        prompt_stats.summarize(tokens)
+def test_null_keys_group_as_the_definition_groups_them() -> None:
+    """Test fixtures leave model_weights out (null): a key like any other, sorted first."""
+    tokens = shard(np.random.default_rng(1), 6, 4, 2)
+    weights = pa.array([None if i % 3 else "w" for i in range(tokens.num_rows)], pa.string())
+    tokens = tokens.set_column(1, "model_weights", weights)
+    got = prompt_stats.summarize(tokens)
+    assert got.equals(by_sort(tokens)) and got.column("model_weights").null_count  # Parquet would refuse it
+    position = pa.array([None, *tokens.column("position").to_pylist()[1:]], pa.int32())
+    with pytest.raises(ValueError, match="null 'position'"):
+        prompt_stats.summarize(tokens.set_column(5, "position", position))

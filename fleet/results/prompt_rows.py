@@ -37,10 +37,9 @@ def summarize(tokens: pa.Table) -> pa.Table:
     tokens = schema.conform(tokens, schema.TOKENS)  # a column the engine left out is null
     if not tokens.num_rows:
         return schema.PROMPT_STATS.empty_table()
-    for name in [*PROMPT, "position"]:
-        if tokens.column(name).null_count:
-            msg = f"token rows with a null {name!r}: the tokens table declares it non-nullable"
-            raise ValueError(msg)
+    if tokens.column("position").null_count:
+        msg = "token rows with a null 'position': the tokens table declares it non-nullable"
+        raise ValueError(msg)
     starts = _runs(tokens)
     if starts is None:  # not grouped by prompt: sorted as the prompts and positions go
         frame = pl.from_arrow(tokens)
@@ -66,9 +65,12 @@ def _runs(tokens: pa.Table) -> np.ndarray | None:
     n = tokens.num_rows
     new = np.zeros(n, bool)
     new[0] = True
-    for name in PROMPT:
+    for name in PROMPT:  # a null key is a key of its own, as a group-by takes it
         column = tokens.column(name).combine_chunks()
-        new[1:] |= np.asarray(pc.not_equal(column.slice(1), column.slice(0, n - 1)))
+        after, before = column.slice(1), column.slice(0, n - 1)
+        new[1:] |= np.asarray(pc.not_equal(after, before).fill_null(False))
+        if column.null_count:
+            new[1:] |= np.asarray(after.is_null()) != np.asarray(before.is_null())
     position = tokens.column("position").to_numpy()
     if not (new[1:] | (np.diff(position) > 0)).all():
         return None
