@@ -5,7 +5,12 @@ candidate shard is scored too. Each size runs in a fresh driver process; printed
 
   - driver peak RSS (the driver process alone: ru_maxrss), against the smallest size;
   - token rows written and token rows/s, from the first shard's start to the last shard's end
-    (the shards table), and over the whole run (manifest check, Ray start and shutdown included).
+    (the shards table), and over the whole run (manifest check, Ray start and shutdown included);
+  - the driver process's CPU seconds per million token rows (all its threads, the whole run), the
+    actors' and Ray's own processes not counted: what one driver core can take is 1M rows/s over it;
+
+then, in this process on one shard of the same shape (test-double rows, no Ray), what each stage
+of the driver's per-shard path costs: CPU seconds per million token rows, best of 7.
 
     .venv/bin/python benchmarks/prompt_scale.py [--sizes 10000 100000 1000000] [--shard-size 2000]
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -74,16 +80,60 @@ def one(path: Path, results: Path) -> dict[str, float]:
     from fleet.results import reader
     from fleet.run import driver
 
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), time.process_time()
     run_dir, outcome = driver.run(path, results_dir=results, progress=False)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu
     assert not outcome.partial, outcome
     shards = reader.load(run_dir)["shards"].select("started_at", "wall_s", "n_output_tokens").collect()
     end = shards.select((pl.col("started_at") + pl.duration(seconds=pl.col("wall_s"))).max()).item()
     span = (end - shards["started_at"].min()).total_seconds()
     rows = int(shards["n_output_tokens"].sum())
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    return {"rows": rows, "span_s": span, "wall_s": wall, "peak_rss_mb": peak_mb}
+    return {"rows": rows, "span_s": span, "wall_s": wall, "peak_rss_mb": peak_mb, "cpu_s": cpu}
+
+
+def stages(tmp: Path, *, prompts: int, tokens: int) -> dict[str, float]:
+    """CPU seconds per million token rows of each step the driver takes for a shard of `prompts` x
+    `tokens` rows (test double, top-5), best of 7: the reference's scores joined on, prompt_stats
+    computed, each table encoded and written (atomic, fsynced)."""
+    from actors.test_double import TestDoubleEngine
+    from fleet.contracts.engine import ResolvedModel
+    from fleet.contracts.prompts import Prompt
+    from fleet.contracts.sources import SyntheticSource
+    from fleet.contracts.spec import ModelSpec, Sampling, Shard
+    from fleet.contracts.targets import TestDoubleArgs
+    from fleet.results import prompt_stats
+    from fleet.results.direct import join_scores
+    from fleet.results.store import RunStore
+
+    model = ResolvedModel(ModelSpec(name="m", source=SyntheticSource()), tmp, "w" * 16, None)
+    sampling = Sampling(max_tokens=tokens, logprobs=5)
+    cand = TestDoubleEngine(TestDoubleArgs(name="cand", logprob_shift=0.01), model, sampling=sampling)
+    ref = TestDoubleEngine(TestDoubleArgs(name="ref"), model, sampling=sampling)
+    shard = Shard("m", "cand", "p", 0, tuple(Prompt(id=str(i), prompt=f"question {i}") for i in range(prompts)))
+    gen = cand.generate(shard)
+    scores = ref.score(gen.requests, k=5)
+    scored = join_scores(gen.tokens, scores)
+    stats = prompt_stats.summarize(scored)
+    store = RunStore.create(tmp / "stages", {"run_id": "stages"})
+    steps = {
+        "join the reference's scores": lambda: join_scores(gen.tokens, scores),
+        "prompt_stats of a candidate shard": lambda: prompt_stats.summarize(scored),
+        "prompt_stats of a reference shard": lambda: prompt_stats.summarize(gen.tokens),
+        "write requests": lambda: store.write("requests", "m/cand/p/00000", gen.requests),
+        "write tokens": lambda: store.write("tokens", "m/cand/p/00000", scored),
+        "write prompt_stats": lambda: store.write("prompt_stats", "m/cand/p/00000", stats),
+        "write the shards row": lambda: store.write("shards", "m/cand/p/00000", gen.shard),
+    }
+    out = {}
+    for name, step in steps.items():
+        best = math.inf
+        for _ in range(7):
+            t0 = time.process_time()
+            step()
+            best = min(best, time.process_time() - t0)
+        out[name] = best / gen.tokens.num_rows * 1e6
+    return out
 
 
 def main() -> None:
@@ -125,9 +175,15 @@ def main() -> None:
             f"{n:>9,} prompts: driver peak RSS {r['peak_rss_mb']:7.1f} MB ({r['peak_rss_mb'] / base:.2f}x the first; "
             f"goal <= 2x at 1M), {r['rows']:>10,} token rows, {r['rows'] / r['span_s']:>10,.0f} token rows/s "
             f"while dispatching (goal >= 1M), {r['rows'] / r['wall_s']:>10,.0f} over the whole run "
-            f"({r['wall_s']:.1f} s)",
+            f"({r['wall_s']:.1f} s); driver CPU {r['cpu_s'] / r['rows'] * 1e6:.2f} s per M rows",
             flush=True,
         )
+    per_row = stages(tmp, prompts=args.shard_size, tokens=args.tokens)
+    print(f"the driver's steps for one shard ({args.shard_size} prompts x {args.tokens} tokens), CPU s per M rows:")
+    for name, cost in per_row.items():
+        print(f"  {name:<36} {cost:6.3f}")
+    cand = sum(cost for name, cost in per_row.items() if name != "prompt_stats of a reference shard")
+    print(f"  {'a candidate shard in all':<36} {cand:6.3f}: {1e6 / cand:,.0f} rows/s on one core")
 
 
 if __name__ == "__main__":

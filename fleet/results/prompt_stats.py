@@ -15,8 +15,6 @@ from __future__ import annotations
 import polars as pl
 import pyarrow as pa
 
-from fleet.contracts import schema
-
 _F64 = pl.Float64
 # Keeps log(tail) finite when the top-k holds all the mass (or upper-bounded p_c sum past 1).
 # float32 logprobs leave ~1e-7 of noise in 1 - sum(p), so tails that small mean "none" anyway.
@@ -93,43 +91,9 @@ def kl(k: int, *, materialized: bool = False) -> pl.Expr:
 
 
 def summarize(tokens: pa.Table) -> pa.Table:
-    """One prompt_stats row per prompt of a shard's token rows (columns: schema.PROMPT_STATS)."""
-    frame = pl.from_arrow(schema.conform(tokens, schema.TOKENS))  # a column the engine left out is null
-    assert isinstance(frame, pl.DataFrame)  # a Table always converts to a DataFrame
-    lazy = frame.lazy()
-    at0 = pl.col("position") == 0
-    if frame.get_column("ref_topk_ids").null_count() == frame.height:  # nothing scored: a reference's own rows
-        lazy = lazy.with_columns(_tied=pl.lit(None, pl.Boolean), _kl=pl.lit(None, _F64))
-    else:
-        k = longest_topk(lazy)
-        slots = lazy.with_columns(**topk_slots(k))
-        lazy = slots.with_columns(
-            _tied=top1_agreement(k, materialized=True), _kl=pl.when(both_topk()).then(kl(k, materialized=True))
-        )
-    rows = (
-        lazy.sort(*PROMPT, "position")
-        .group_by(PROMPT, maintain_order=True)
-        .agg(
-            n_positions=pl.len().cast(pl.Int32),
-            contiguous=(pl.col("position") == pl.int_range(pl.len())).all(),
-            first_token_id=pl.col("token_id").filter(at0).first(),
-            first_top1_tied=pl.col("_tied").filter(at0).first(),
-            logprobs="logprob",
-            ref_logprobs="ref_logprob",
-            twin_logprobs="twin_logprob",
-            ref_top1_logprobs=pl.col("ref_topk_logprobs").list.first(),
-            in_ref_topk=pl.col("ref_topk_ids").list.contains(pl.col("token_id")).fill_null(False),
-            topk_ids="topk_ids",
-            # What the report's near-tie rule asks of topk_ids at a divergence, where the reference's
-            # output is its teacher-forced top-1 (nearly always): two flat lists, not the list of lists.
-            ref_top1_ids=pl.col("ref_topk_ids").list.first(),
-            ref_top1_in_topk=pl.col("topk_ids").list.contains(pl.col("ref_topk_ids").list.first()),
-            top1_scored=pl.col("_tied").is_not_null().sum().cast(pl.Int32),
-            top1_agreed=pl.col("_tied").sum().cast(pl.Int32),
-            kl_positions=pl.col("_kl").is_not_null().sum().cast(pl.Int32),
-            kl_sum=pl.col("_kl").sum(),
-            kl_nan=pl.col("_kl").is_nan().any(),
-        )
-        .collect()
-    )
-    return schema.conform(rows.to_arrow(), schema.PROMPT_STATS)
+    """One prompt_stats row per prompt of a shard's token rows (columns: schema.PROMPT_STATS): the
+    rows a sort of the token rows by prompt and position, then a group-by per prompt, would give,
+    with the per-row figures above; computed without that sort (fleet/results/prompt_rows.py)."""
+    from fleet.results import prompt_rows  # it builds on the expressions here
+
+    return prompt_rows.summarize(tokens)

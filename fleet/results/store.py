@@ -130,7 +130,7 @@ class RunStore:
         `staged`: in the staging area, uncommitted (fleet/results/staging.py); `area`: under that
         directory of the run (READY: waiting for the driver's commit, fleet/results/direct.py)."""
         data = schema.conform(data, schema.all_tables()[table])
-        data = data.set_column(0, "run_id", pa.array([self.run_id] * data.num_rows, pa.string()))
+        data = data.set_column(0, "run_id", pa.repeat(pa.scalar(self.run_id, pa.string()), data.num_rows))
         weights = data.column("model_weights")[0].as_py() if data.num_rows else "none"
         path = self.path(table, shard_id, weights, staged=staged, area=area)
         # The names in it are validated already; this is the guard that the layout stays in the run.
