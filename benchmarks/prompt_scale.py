@@ -102,7 +102,7 @@ def stages(tmp: Path, *, prompts: int, tokens: int) -> dict[str, float]:
     from fleet.contracts.sources import SyntheticSource
     from fleet.contracts.spec import ModelSpec, Sampling, Shard
     from fleet.contracts.targets import TestDoubleArgs
-    from fleet.results import prompt_stats
+    from fleet.results import prompt_rows
     from fleet.results.direct import join_scores
     from fleet.results.store import RunStore
 
@@ -114,12 +114,12 @@ def stages(tmp: Path, *, prompts: int, tokens: int) -> dict[str, float]:
     gen = cand.generate(shard)
     scores = ref.score(gen.requests, k=5)
     scored = join_scores(gen.tokens, scores)
-    stats = prompt_stats.summarize(scored)
+    stats = prompt_rows.summarize(scored)
     store = RunStore.create(tmp / "stages", {"run_id": "stages"})
     steps = {
         "join the reference's scores": lambda: join_scores(gen.tokens, scores),
-        "prompt_stats of a candidate shard": lambda: prompt_stats.summarize(scored),
-        "prompt_stats of a reference shard": lambda: prompt_stats.summarize(gen.tokens),
+        "prompt_stats of a candidate shard": lambda: prompt_rows.summarize(scored),
+        "prompt_stats of a reference shard": lambda: prompt_rows.summarize(gen.tokens),
         "write requests": lambda: store.write("requests", "m/cand/p/00000", gen.requests),
         "write tokens": lambda: store.write("tokens", "m/cand/p/00000", scored),
         "write prompt_stats": lambda: store.write("prompt_stats", "m/cand/p/00000", stats),

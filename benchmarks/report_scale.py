@@ -35,14 +35,14 @@ def replicate(source: Path, dest: Path, *, rows: int, batch: int = 256, stats: b
     """Write the replicated run to `dest`; (token rows, prompts per target, tokens' Arrow bytes)."""
     import polars as pl
 
-    from fleet.results import prompt_stats, reader
+    from fleet.results import prompt_rows, reader
     from fleet.results.store import RunStore
 
     info = RunStore(source).info()  # run.json as stored: the copy keeps every field
     tables = {name: frame.collect() for name, frame in reader.load(source).items()}
     # A run from before prompt_stats, or from before a column of it: summarized as a shard is today.
     if stats and tables["prompt_stats"]["ref_top1_in_topk"].null_count() == tables["prompt_stats"].height:
-        tables["prompt_stats"] = pl.DataFrame(prompt_stats.summarize(tables["tokens"].to_arrow()))
+        tables["prompt_stats"] = pl.DataFrame(prompt_rows.summarize(tables["tokens"].to_arrow()))
     if not stats:
         del tables["prompt_stats"]
     store = RunStore.create(dest, info | {"run_id": dest.name})

@@ -12,7 +12,7 @@ from test_manifest import GOOD, write
 from fleet.analysis import noise_floor
 from fleet.contracts import schema
 from fleet.contracts.errors import ManifestError
-from fleet.results import prompt_stats
+from fleet.results import prompt_rows
 from fleet.run.manifest import load
 from fleet.run.plan import plan_shards
 
@@ -52,7 +52,7 @@ def test_self_parity() -> None:
     )
     [row] = noise_floor.self_parity(requests, tokens, {copy: "vllm"}).to_dicts()
     # The report's path over prompt_stats (one row per prompt, as the writer stores them) agrees.
-    stats = pl.from_arrow(prompt_stats.summarize(tokens.to_arrow()))
+    stats = pl.from_arrow(prompt_rows.summarize(tokens.to_arrow()))
     assert isinstance(stats, pl.DataFrame)
     assert noise_floor.from_prompt_stats(requests, stats.lazy(), {copy: "vllm"}).to_dicts() == [row]
     # Prompt a: identical, diffs 0, 0.25, 0; prompt b parts at 1, so only position 0 (diff 0) counts.

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fleet.contracts import schema
-from fleet.results import prompt_stats, topk_arrays
+from fleet.results import prompt_rows, prompt_stats, topk_arrays
 from fleet.results.prompt_stats import PROMPT
 
 
@@ -134,7 +134,7 @@ def test_prompt_stats_are_the_sorted_group_by_to_the_bit(
     tokens = shard(rng, prompts, longest, k, **kind)
     conformed = schema.conform(tokens, schema.TOKENS)
     assert (topk_arrays.per_row(conformed, k) is not None) == arrays  # the path this case is for
-    got, expected = prompt_stats.summarize(tokens), by_sort(tokens)
+    got, expected = prompt_rows.summarize(tokens), by_sort(tokens)
     assert got.num_rows == prompts
     assert got.schema.equals(expected.schema)
     assert parquet_bytes(got) == parquet_bytes(expected)
@@ -165,9 +165,9 @@ def test_a_test_double_shard_as_before_and_a_reference_shard(tmp_path: Any, monk
     gen = cand.generate(Shard("m", "cand", "p", 0, tuple(Prompt(id=str(i), prompt=f"q {i}") for i in range(128))))
     scored = join_scores(gen.tokens, ref.score(gen.requests, k=5))
     for tokens in (scored, gen.tokens):
-        got = prompt_stats.summarize(tokens)
+        got = prompt_rows.summarize(tokens)
         assert parquet_bytes(got) == parquet_bytes(by_sort(tokens, kl_sum="group"))
-    assert prompt_stats.summarize(scored.slice(0, 0)).equals(by_sort(scored.slice(0, 0)))
+    assert prompt_rows.summarize(scored.slice(0, 0)).equals(by_sort(scored.slice(0, 0)))
 
 
 def test_null_keys_group_as_the_definition_groups_them() -> None:
@@ -175,8 +175,8 @@ def test_null_keys_group_as_the_definition_groups_them() -> None:
     tokens = shard(np.random.default_rng(1), 6, 4, 2)
     weights = pa.array([None if i % 3 else "w" for i in range(tokens.num_rows)], pa.string())
     tokens = tokens.set_column(1, "model_weights", weights)
-    got = prompt_stats.summarize(tokens)
+    got = prompt_rows.summarize(tokens)
     assert got.equals(by_sort(tokens)) and got.column("model_weights").null_count  # Parquet would refuse it
     position = pa.array([None, *tokens.column("position").to_pylist()[1:]], pa.int32())
     with pytest.raises(ValueError, match="null 'position'"):
-        prompt_stats.summarize(tokens.set_column(5, "position", position))
+        prompt_rows.summarize(tokens.set_column(5, "position", position))

@@ -24,7 +24,7 @@ from fleet.analysis.noise_model import NoiseSpec
 from fleet.contracts import schema
 from fleet.report import model
 from fleet.report.model import RunReport
-from fleet.results import prompt_stats, reader
+from fleet.results import prompt_rows, reader
 from fleet.results.store import RunStore
 
 FRAMES = ("parity", "first step", "divergences", "sequences")
@@ -81,7 +81,7 @@ def add_prompt_stats(run: Path) -> None:
         model_dir, _, target_dir, name = file.relative_to(run / "tokens").parts
         prompt_set, chunk = name.removesuffix(".parquet").rsplit("-", 1)
         shard = f"{model_dir.split('=')[1]}/{target_dir.split('=')[1]}/{prompt_set}/{chunk}"
-        store.write("prompt_stats", shard, prompt_stats.summarize(pq.read_table(file)))
+        store.write("prompt_stats", shard, prompt_rows.summarize(pq.read_table(file)))
 
 
 def test_a_run_without_prompt_stats_reports_from_token_rows(tmp_path: Path) -> None:

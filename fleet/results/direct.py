@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from fleet.contracts import schema
 from fleet.contracts.engine import Generation
-from fleet.results import prompt_stats
+from fleet.results import prompt_rows
 from fleet.results.staging import Staging
 from fleet.results.store import READY, S3_ENDPOINT_VARS, RunStore
 
@@ -89,7 +89,7 @@ class DirectSink:
 
     def _ready(self, gen: Generation, tokens: pa.Table) -> Written:
         store, shard_id = self._store(), gen.shard.column("shard_id")[0].as_py()
-        rows = (gen.requests, tokens, prompt_stats.summarize(tokens))
+        rows = (gen.requests, tokens, prompt_rows.summarize(tokens))
         files = tuple(str(store.write(t, shard_id, r, area=READY)) for t, r in zip(READY_TABLES, rows, strict=True))
         weights = str(gen.shard.column("model_weights")[0].as_py())
         return Written(shard_id, weights, gen.shard, files, tokens.num_rows, non_finite(tokens))

@@ -1,7 +1,8 @@
 """A shard's prompt_stats rows from its token rows, without sorting or hashing the token rows.
 
-What each row of prompt_stats holds is defined in fleet/results/prompt_stats.py (`summarize`, which
-comes here); this module is how it is computed fast enough for the driver to write every shard's
+One prompt_stats row per prompt (columns: schema.PROMPT_STATS): the rows a sort of the token rows
+by prompt and position, then a group-by per prompt, would give, with the per-row figures of
+fleet/results/prompt_stats.py. This module computes them fast enough for the driver to write every shard's
 (docs/measurements.md, "The driver path at 1M rows/s"). Engines return a shard's token rows
 grouped by prompt, positions ascending, so each prompt's rows are one run of consecutive rows:
 

@@ -13,7 +13,6 @@ writer and the exact path (fleet/analysis/ties.py, parity.py) compute them with 
 from __future__ import annotations
 
 import polars as pl
-import pyarrow as pa
 
 _F64 = pl.Float64
 # Keeps log(tail) finite when the top-k holds all the mass (or upper-bounded p_c sum past 1).
@@ -88,12 +87,3 @@ def kl(k: int, *, materialized: bool = False) -> pl.Expr:
     tail_r = (1 - sum_pr).clip(lower_bound=TAIL_FLOOR)
     tail_c = (1 - sum_pc).clip(lower_bound=TAIL_FLOOR)
     return head + tail_r * (tail_r / tail_c).log()
-
-
-def summarize(tokens: pa.Table) -> pa.Table:
-    """One prompt_stats row per prompt of a shard's token rows (columns: schema.PROMPT_STATS): the
-    rows a sort of the token rows by prompt and position, then a group-by per prompt, would give,
-    with the per-row figures above; computed without that sort (fleet/results/prompt_rows.py)."""
-    from fleet.results import prompt_rows  # it builds on the expressions here
-
-    return prompt_rows.summarize(tokens)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from fleet.results import prompt_stats
+from fleet.results import prompt_rows
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,7 +37,7 @@ class ShardWriter:
             # The shards row goes last: its presence marks the shard complete (resume relies on that).
             self.store.write("requests", shard_id, gen.requests)
             self.store.write("tokens", shard_id, tokens)
-            self.store.write("prompt_stats", shard_id, prompt_stats.summarize(tokens))  # what the report reads
+            self.store.write("prompt_stats", shard_id, prompt_rows.summarize(tokens))  # what the report reads
             self.store.write("shards", shard_id, gen.shard)
             if shard.then is not None:
                 shard.then()
