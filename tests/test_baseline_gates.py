@@ -20,7 +20,7 @@ import polars as pl
 import pytest
 from pydantic import ValidationError
 from test_compare import SAME, _table, write_run
-from test_perf import _request
+from test_perf import _request, mixed_level
 
 from fleet import cli
 from fleet.analysis import gates, perf, perf_resample
@@ -282,16 +282,7 @@ def test_gates_recorded_before_ratio_still_read(tmp_path: Path) -> None:
 def test_resampled_figures_are_the_reports_on_every_request() -> None:
     """Drawing each request once gives perf.summary's figure exactly, for every figure a run
     baseline can gate (failed and one-token requests included)."""
-    rows = [
-        _request(0, 0.2, [0.1, 0.1, 0.1, 0.1], 0.6),
-        _request(1, 0.4, [0.1, 0.1, 0.1, 0.5], 1.2, delay=0.05),
-        _request(2, 0.3, [], 0.3),
-        _request(3, 0.0, [], 0.0, error="HTTPError: 500") | {"ttft_s": None, "e2e_s": None},
-        _request(4, 0.25, [0.2, 0.3], 0.75),
-    ]
-    requests = pl.DataFrame(rows, schema=pl.from_arrow(schema.PERF_REQUESTS.empty_table()).schema)  # type: ignore[union-attr]
-    levels = pl.DataFrame([{"model": "m", "model_weights": "w", "target": "t", "scenario": "s", "level": 2}])
-    levels = levels.with_columns(wall_s=pl.lit(2.0), request_rate=pl.lit(None, pl.Float64))
+    requests, levels = mixed_level()
     [expected] = perf.summary(requests, levels).to_dicts()
     level = perf_resample.Level.of(requests, 2.0)
     once = np.ones((1, level.n_requests), dtype=np.int64)

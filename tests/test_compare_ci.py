@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import pytest
 from test_compare import write_run
-from test_perf import _request
+from test_perf import mixed_level
 
 from fleet.analysis import bootstrap, parity, perf, perf_resample
 from fleet.analysis.perf_resample import RESAMPLES
@@ -243,16 +243,7 @@ def test_load_parity_intervals_match_a_loop_over_resampled_prompts(tmp_path: Pat
 def test_perf_counts_goodput_and_parity_latencies_drawn_once_are_the_reports() -> None:
     """Every perf figure compare resamples (n_errors, goodput and SLO share with the others) and the
     parity runs' latency quantiles: each request drawn once gives perf.summary's / parity.throughput's."""
-    rows = [
-        _request(0, 0.2, [0.1, 0.1, 0.1, 0.1], 0.6),
-        _request(1, 0.4, [0.1, 0.1, 0.1, 0.5], 1.2, delay=0.05),
-        _request(2, 0.3, [], 0.3),
-        _request(3, 0.0, [], 0.0, error="HTTPError: 500") | {"ttft_s": None, "e2e_s": None},
-        _request(4, 0.25, [0.2, 0.3], 0.75),
-    ]
-    requests = pl.DataFrame(rows, schema=pl.from_arrow(schema.PERF_REQUESTS.empty_table()).schema)  # type: ignore[union-attr]
-    levels = pl.DataFrame([{"model": "m", "model_weights": "w", "target": "t", "scenario": "s", "level": 2}])
-    levels = levels.with_columns(wall_s=pl.lit(2.0), request_rate=pl.lit(None, pl.Float64))
+    requests, levels = mixed_level()
     slos = {"s": {"e2e_s": 0.7, "ttft_s": None, "tpot_s": None}}
     [expected] = perf.summary(requests, levels, slos).to_dicts()
     assert 0 < expected["slo_share"] < 1 and expected["n_errors"] == 1

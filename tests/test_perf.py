@@ -233,6 +233,21 @@ def _request(i: int, ttft: float, itl: list[float], e2e: float, **kw: Any) -> di
     }  # fmt: skip
 
 
+def mixed_level() -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(perf_requests, perf_levels) of one level of five requests: with several tokens, one token
+    only, a send delay, and a failed one; 2 s of wall time."""
+    rows = [
+        _request(0, 0.2, [0.1, 0.1, 0.1, 0.1], 0.6),
+        _request(1, 0.4, [0.1, 0.1, 0.1, 0.5], 1.2, delay=0.05),
+        _request(2, 0.3, [], 0.3),
+        _request(3, 0.0, [], 0.0, error="HTTPError: 500") | {"ttft_s": None, "e2e_s": None},
+        _request(4, 0.25, [0.2, 0.3], 0.75),
+    ]
+    requests = pl.DataFrame(rows, schema=pl.from_arrow(schema.PERF_REQUESTS.empty_table()).schema)  # type: ignore[union-attr]
+    levels = pl.DataFrame([{"model": "m", "model_weights": "w", "target": "t", "scenario": "s", "level": 2}])
+    return requests, levels.with_columns(wall_s=pl.lit(2.0), request_rate=pl.lit(None, pl.Float64))
+
+
 def test_summary_matches_hand_computed_figures() -> None:
     requests = pl.DataFrame(
         [
