@@ -26,7 +26,7 @@ import random
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from fleet.contracts.spec import Scenario
+    from fleet.contracts.scenario import Scenario
 
 T = TypeVar("T")
 

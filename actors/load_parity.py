@@ -1,5 +1,5 @@
 """Parity under load, on the engine's side: a perf level that also sends its scenario's parity
-prompts (`parity:`, fleet/contracts/spec.py) greedily with top-k logprobs, each alone on the
+prompts (`parity:`, fleet/contracts/scenario.py) greedily with top-k logprobs, each alone on the
 engine before the load ("solo": concurrency 1), then all at once when a share of the level's
 measured requests has been sent ("load"), and returns their rows beside the level's.
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from actors.loadgen import Stream
     from fleet.contracts.engine import Engine
     from fleet.contracts.prompts import Prompt
-    from fleet.contracts.spec import Scenario
+    from fleet.contracts.scenario import Scenario
 
 Complete = Callable[["Prompt"], Awaitable[Completion]]
 Measure = Callable[..., Coroutine[Any, Any, PerfResult]]  # loadgen.prepare_level's measure

@@ -42,7 +42,7 @@ from fleet.contracts.engine import Chunk, EngineStats, PerfResult
 if TYPE_CHECKING:
     from fleet.contracts.engine import Engine
     from fleet.contracts.prompts import Prompt
-    from fleet.contracts.spec import Scenario
+    from fleet.contracts.scenario import Scenario
 
 
 # stream(ids, max_tokens, **Request.send_options()): the options only where a scenario needs them.

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
     from fleet.contracts.engine import PerfResult
     from fleet.contracts.prompts import Prompt
-    from fleet.contracts.spec import Scenario, Shard
+    from fleet.contracts.scenario import Scenario
+    from fleet.contracts.spec import Shard
 
 # Route -> request body; None: a GET. `models` is the playbook's readiness check: the server lists the model.
 SMOKE_CHECKS: dict[str, dict[str, Any] | None] = {

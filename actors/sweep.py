@@ -22,7 +22,7 @@ from actors.arrivals import scenario_schedule
 if TYPE_CHECKING:
     from actors.workloads import Request
     from fleet.contracts.engine import PerfResult
-    from fleet.contracts.spec import Scenario
+    from fleet.contracts.scenario import Scenario
 
 
 # One probe's run: (its requests, their due times or None for a closed loop, its rate, its index) -> its

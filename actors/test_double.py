@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
     from fleet.contracts.engine import PerfResult
     from fleet.contracts.prompts import Prompt
-    from fleet.contracts.spec import Scenario, Shard
+    from fleet.contracts.scenario import Scenario
+    from fleet.contracts.spec import Shard
 
 
 _STEP = 0x9E3779B1  # positions spread over the 32-bit hash space (Fibonacci hashing)

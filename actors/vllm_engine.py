@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from actors.tables import Step
     from fleet.contracts.engine import PerfResult, Positions
     from fleet.contracts.prompts import Prompt
-    from fleet.contracts.spec import Scenario, Shard
+    from fleet.contracts.scenario import Scenario
+    from fleet.contracts.spec import Shard
 
 
 class VllmEngine(Engine):

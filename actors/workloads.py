@@ -19,7 +19,7 @@ from fleet.contracts.workload import Lengths, read_trace
 
 if TYPE_CHECKING:
     from fleet.contracts.prompts import Prompt
-    from fleet.contracts.spec import Scenario
+    from fleet.contracts.scenario import Scenario
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ def main() -> None:
     from actors.load_clients import Clients
     from actors.loadgen import measure_level
     from actors.openai_http import OpenAIHttp
-    from fleet.contracts.spec import Scenario
+    from fleet.contracts.scenario import Scenario
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

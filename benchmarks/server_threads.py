@@ -47,7 +47,8 @@ def main() -> None:
     from actors import threads
     from actors.endpoint import EndpointEngine
     from actors.vllm_server import VllmServerEngine, _free_port
-    from fleet.contracts.spec import Sampling, Scenario
+    from fleet.contracts.scenario import Scenario
+    from fleet.contracts.spec import Sampling
     from fleet.contracts.targets import EndpointArgs, VllmServerArgs
 
     resolved, _ = _common.model()

@@ -59,7 +59,8 @@ def main() -> None:
     from actors import threads
     from actors.vllm_server import VllmServerEngine
     from fleet.analysis.perf import summary
-    from fleet.contracts.spec import Sampling, Scenario
+    from fleet.contracts.scenario import Scenario
+    from fleet.contracts.spec import Sampling
     from fleet.contracts.targets import VllmServerArgs
 
     resolved, _ = _common.model()

@@ -16,8 +16,9 @@ from test_perf import FakeTokenizer
 from actors import arrivals
 from actors.endpoint import EndpointEngine
 from fleet.contracts.engine import ResolvedModel
+from fleet.contracts.scenario import Scenario
 from fleet.contracts.sources import PathSource
-from fleet.contracts.spec import ModelSpec, Sampling, Scenario
+from fleet.contracts.spec import ModelSpec, Sampling
 from fleet.contracts.targets import EndpointArgs
 from fleet.run.manifest import Manifest
 

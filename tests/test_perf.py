@@ -17,7 +17,7 @@ from actors import loadgen as perf
 from fleet.analysis import perf as fleet_perf
 from fleet.contracts import schema
 from fleet.contracts.engine import Chunk, EngineStats
-from fleet.contracts.spec import Scenario, Slo
+from fleet.contracts.scenario import Scenario, Slo
 
 
 class FakeTokenizer:

@@ -13,7 +13,7 @@ import pytest
 
 from actors.sources import resolver
 from fleet.contracts.engine import Chunk
-from fleet.contracts.spec import Scenario
+from fleet.contracts.scenario import Scenario
 
 pytestmark = pytest.mark.engine
 

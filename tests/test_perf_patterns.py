@@ -17,7 +17,7 @@ from actors import arrivals
 from actors import loadgen as perf
 from fleet.analysis import perf as fleet_perf
 from fleet.contracts.engine import Chunk
-from fleet.contracts.spec import Scenario
+from fleet.contracts.scenario import Scenario
 
 
 def scenario(**kw: Any) -> Scenario:

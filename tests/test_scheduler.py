@@ -430,7 +430,7 @@ def test_fleet_run_checks_the_followed_targets_gates(cluster: Cluster, tmp_path:
 
 def test_only_cpu_perf_levels_take_the_host_to_themselves() -> None:
     # A card's perf level times the card, which no other target shares: it runs beside the rest.
-    from fleet.contracts.spec import Scenario
+    from fleet.contracts.scenario import Scenario
     from fleet.contracts.targets import VllmArgs
     from fleet.run.perf_work import Perf
     from fleet.run.plan import PerfLevel

@@ -173,7 +173,7 @@ def test_generate_and_score_through_the_server(server: tuple[Any, dict[str, str]
 
 
 def test_perf_over_streaming_http(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
-    from fleet.contracts.spec import Scenario
+    from fleet.contracts.scenario import Scenario
 
     sc = Scenario(name="sse", concurrency=[3], input_tokens=20, output_tokens=10, num_requests=6, warmup_requests=2)
     result = engine_call(local_ray, server[0], lambda e: e.perf(sc, 3))
@@ -192,7 +192,7 @@ def test_exact_chat_lengths_and_prefix_cache_hits_from_the_server(
 ) -> None:
     """Chat messages built to an exact templated length, counted by the server itself (usage), and
     its /metrics prefix-cache counters: hits on a shared prefix spanning a 128-token CPU block."""
-    from fleet.contracts.spec import Scenario
+    from fleet.contracts.scenario import Scenario
 
     shared = {"groups": 2, "prefix_tokens": 136}
     sizes = {"input_tokens": 24, "output_tokens": 4, "num_requests": 8}

@@ -22,8 +22,8 @@ from actors import workloads
 from actors.exact_text import pools
 from actors.sources import resolver
 from fleet.contracts.errors import UserError
+from fleet.contracts.scenario import Scenario
 from fleet.contracts.sources import SyntheticSource
-from fleet.contracts.spec import Scenario
 from fleet.contracts.workload import Lengths, read_trace
 
 # The engine tests' tiny llama (tests/test_perf_engine.py): its tokenizer is built once per session.

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from fleet.contracts.prompts import Prompt
-    from fleet.contracts.spec import ModelSpec, Sampling, Scenario, Shard
+    from fleet.contracts.scenario import Scenario
+    from fleet.contracts.spec import ModelSpec, Sampling, Shard
     from fleet.contracts.targets import Capability, TargetArgs
 
 Positions = Literal["last", "all"]

@@ -17,7 +17,8 @@ from fleet.contracts.inputs import cut
 from fleet.contracts.sources import PathSource, SyntheticSource
 
 if TYPE_CHECKING:
-    from fleet.contracts.spec import ModelSpec, Scenario
+    from fleet.contracts.scenario import Scenario
+    from fleet.contracts.spec import ModelSpec
     from fleet.contracts.targets import TargetArgs
 
 

@@ -20,6 +20,7 @@ from fleet.contracts.inputs import clip, cut, load_yaml, read_text
 from fleet.contracts.messages import error_line, relevant
 from fleet.contracts.prompt_source import CHECK_ROWS, PromptFile, chunks, read_slice
 from fleet.contracts.prompts import Prompt
+from fleet.contracts.scenario import Scenario
 from fleet.contracts.sources import GgufSource, PathSource
 from fleet.contracts.spec import (
     PROBE_KINDS,
@@ -31,7 +32,6 @@ from fleet.contracts.spec import (
     ReportOptions,
     RunOptions,
     Sampling,
-    Scenario,
     Variant,
 )
 from fleet.contracts.targets import BACKENDS, Capability, TargetArgs

@@ -17,7 +17,7 @@ from fleet.run.manifest import Manifest
 
 if TYPE_CHECKING:
     from fleet.contracts.prompts import Prompt
-    from fleet.contracts.spec import Scenario
+    from fleet.contracts.scenario import Scenario
 
 
 @dataclass(frozen=True)
