@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from actors.arrivals import split, split_level
-from actors.loadgen import Sent, send
+from actors.send_loop import Sent, send
 
 if TYPE_CHECKING:
-    from actors.loadgen import Send
     from actors.openai_http import OpenAIHttp
+    from actors.send_loop import Send
     from actors.workloads import Request
 
 START_LEAD_S = 0.5  # from choosing the shared start to it: time for every client to receive its part

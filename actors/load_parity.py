@@ -22,7 +22,7 @@ from fleet.contracts.engine import Chunk, Completion, LoadRows, PerfResult
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from actors.loadgen import Stream
+    from actors.send_loop import Stream
     from fleet.contracts.engine import Engine
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.scenario import Scenario

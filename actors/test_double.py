@@ -164,7 +164,8 @@ class TestDoubleEngine(Engine):
         if parity_prompts:
             msg = "the test double runs perf levels without parity under load (no model gives it tokens)"
             raise ValueError(msg)
-        from actors.loadgen import level_seed, measure_level
+        from actors.loadgen import measure_level
+        from actors.workloads import level_seed
 
         rng = random.Random(level_seed(scenario, level))
         vocab = self.args.vocab_size

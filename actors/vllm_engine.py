@@ -209,7 +209,8 @@ class VllmEngine(Engine):
 
         from actors.cache_stats import from_engine
         from actors.load_parity import run_level
-        from actors.loadgen import encode, prepare_level
+        from actors.loadgen import prepare_level
+        from actors.workloads import encode
 
         engine = self.llm.llm_engine
         max_len = engine.model_config.max_model_len

@@ -2,7 +2,7 @@
 
 `StepBridge` drives the engine's own step loop (`add_request` / `step` / `abort_request`, as
 `LLM.generate` does) in the actor's thread and hands each request's DELTA outputs to the load
-generator's asyncio loop (actors/loadgen.py) in a helper thread. vLLM's `AsyncLLM` would give the
+generator's asyncio loop (actors/send_loop.py) in a helper thread. vLLM's `AsyncLLM` would give the
 same stream but always starts a second engine-core process (~1.9 GB, docs/platform.md).
 `request_stats` reads the engine's own latency figures from a finished request's metrics.
 """

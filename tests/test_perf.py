@@ -12,11 +12,11 @@ import polars as pl
 import pytest
 from pydantic import ValidationError
 
-from actors import arrivals
+from actors import arrivals, send_loop, workloads
 from actors import loadgen as perf
 from fleet.analysis import perf as fleet_perf
 from fleet.contracts import schema
-from fleet.contracts.engine import Chunk, EngineStats
+from fleet.contracts.engine import Chunk, EngineStats, PerfResult
 from fleet.contracts.scenario import Scenario, Slo
 
 
@@ -49,7 +49,7 @@ def scenario(**kw: Any) -> Scenario:
     )
 
 
-def run(stream: Any, sc: Scenario, level: int, n: int = 1, warmup: int = 0) -> perf.PerfResult:
+def run(stream: Any, sc: Scenario, level: int, n: int = 1, warmup: int = 0) -> PerfResult:
     prompts, warm = [[0, 1, 2]] * n, [[0, 1]] * warmup
     coro = perf.measure_level(stream, sc, level, prompts=prompts, warmup=warm, model="m", model_weights="w", target="t")
     return asyncio.run(coro)
@@ -68,9 +68,9 @@ def test_scenario_takes_exactly_one_prompt_source() -> None:
 
 def test_synthetic_prompts_have_the_exact_length_and_are_reproducible() -> None:
     tok = FakeTokenizer()
-    a = perf.synthetic_prompts(tok, n=20, length=7, seed=3)
-    assert a == perf.synthetic_prompts(tok, n=20, length=7, seed=3)
-    assert a != perf.synthetic_prompts(tok, n=20, length=7, seed=4)
+    a = workloads.synthetic_prompts(tok, n=20, length=7, seed=3)
+    assert a == workloads.synthetic_prompts(tok, n=20, length=7, seed=3)
+    assert a != workloads.synthetic_prompts(tok, n=20, length=7, seed=4)
     assert {len(p) for p in a} == {7}
     assert all(p[0] == 0 and not set(p[1:]) & {0, 1, 2} for p in a)  # BOS as the tokenizer adds, then no specials
     assert len({tuple(p[:3]) for p in a}) > 1  # no shared prefix for the prefix cache to hit
@@ -80,9 +80,9 @@ def test_each_level_sends_fresh_synthetic_prompts() -> None:
     """Levels 1 and 8 of one scenario share no prompt (nor warm-up): no prefix-cache hits across levels."""
     tok = FakeTokenizer()
     sc = scenario(input_tokens=6, num_requests=20, warmup_requests=4)
-    one, warm_one = perf.prompt_ids(sc, tok, level=1)
-    eight, warm_eight = perf.prompt_ids(sc, tok, level=8)
-    assert one == perf.prompt_ids(sc, tok, level=1)[0]  # still reproducible
+    one, warm_one = workloads.prompt_ids(sc, tok, level=1)
+    eight, warm_eight = workloads.prompt_ids(sc, tok, level=8)
+    assert one == workloads.prompt_ids(sc, tok, level=1)[0]  # still reproducible
     seen = {tuple(p[1:]) for p in one + warm_one}
     assert not seen & {tuple(p[1:]) for p in eight + warm_eight}
 
@@ -90,13 +90,13 @@ def test_each_level_sends_fresh_synthetic_prompts() -> None:
 def test_prompt_ids_cycles_a_prompt_set_and_warms_up_on_other_prompts() -> None:
     tok = FakeTokenizer()
     sc = scenario(input_tokens=None, prompt_set="p", num_requests=5, warmup_requests=2)
-    measured, warm = perf.prompt_ids(sc, tok, ["ab", "abcd"], level=1)
+    measured, warm = workloads.prompt_ids(sc, tok, ["ab", "abcd"], level=1)
     assert measured == [tok("ab").input_ids, tok("abcd").input_ids] * 2 + [tok("ab").input_ids]
     assert len(warm) == 2 and {len(w) for w in warm} == {4} and not {tuple(w) for w in warm} & {tuple(measured[0])}
     with pytest.raises(ValueError, match="pass its prompts"):
-        perf.prompt_ids(sc, tok, None, level=1)
+        workloads.prompt_ids(sc, tok, None, level=1)
     with pytest.raises(ValueError, match="max_model_len 6"):
-        perf.check_fits(scenario(), [[0] * 2], 6)
+        workloads.check_fits(scenario(), [[0] * 2], 6)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +112,7 @@ def test_a_chunk_of_k_tokens_counts_as_k_tokens(
     monkeypatch: pytest.MonkeyPatch, script: list[tuple[float, int]], ttft: float, itl: list[float], tpot: float
 ) -> None:
     clock = Clock(10.0)
-    monkeypatch.setattr(perf, "_now", clock)
+    monkeypatch.setattr(send_loop, "_now", clock)
 
     async def stream(ids: list[int], max_tokens: int) -> AsyncGenerator[Chunk, None]:
         for t, n in script:
@@ -252,7 +252,7 @@ def test_summary_matches_hand_computed_figures() -> None:
     requests = pl.DataFrame(
         [
             _request(0, 0.2, [0.1, 0.1, 0.1, 0.1], 0.6, engine_ttft=0.15),
-            # A 3-token chunk after 0.3 s: three gaps of 0.1 (actors/loadgen.py), then one of 0.5.
+            # A 3-token chunk after 0.3 s: three gaps of 0.1 (actors/send_loop.py), then one of 0.5.
             _request(1, 0.4, [0.1, 0.1, 0.1, 0.5], 1.2, delay=0.05, engine_ttft=0.25),
             _request(2, 0.3, [], 0.3, delay=0.01),  # one token: no TPOT, no gaps
             _request(3, 0.0, [], 0.0, delay=0.3, error="HTTPError: 500") | {"ttft_s": None, "e2e_s": None},

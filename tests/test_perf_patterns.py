@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from actors import arrivals
 from actors import loadgen as perf
 from fleet.analysis import perf as fleet_perf
-from fleet.contracts.engine import Chunk
+from fleet.contracts.engine import Chunk, PerfResult
 from fleet.contracts.scenario import Scenario
 
 
@@ -103,7 +103,7 @@ def test_scenario_patterns_are_checked() -> None:
         scenario(concurrency=[2, 8], clients=3)
 
 
-def measure(stream: Any, sc: Scenario, level: int, n: int) -> perf.PerfResult:
+def measure(stream: Any, sc: Scenario, level: int, n: int) -> PerfResult:
     prompts = [[0, 1, 2]] * n
     coro = perf.measure_level(stream, sc, level, prompts=prompts, warmup=[], model="m", model_weights="w", target="t")
     return asyncio.run(coro)
