@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fleet.contracts.errors import UserError
-from fleet.run.manifest import load
+from fleet.run.manifest_file import load
 from fleet.run.placement import check_fits, reservation
 
 pytestmark = pytest.mark.engine
@@ -136,7 +136,7 @@ SCRIPT = textwrap.dedent(
     from ray.cluster_utils import Cluster
     import ray
     from fleet.run import driver
-    from fleet.run.manifest import load
+    from fleet.run.manifest_file import load
     from fleet.run.placement import reserve
 
     cluster = Cluster()

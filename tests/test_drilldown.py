@@ -18,7 +18,7 @@ from fleet.contracts.errors import ManifestError
 from fleet.contracts.spec import DrillPoint
 from fleet.report.drilldown import config_path, modules, msprobe_config
 from fleet.run.drill import drill_plans
-from fleet.run.manifest import load
+from fleet.run.manifest_file import load
 
 MANIFEST = textwrap.dedent(
     """

@@ -14,7 +14,7 @@ import pytest
 from test_scheduler import MANIFEST, Cluster, cluster, run, tables  # noqa: F401
 
 from fleet.contracts.errors import UserError
-from fleet.run.manifest import load as load_manifest
+from fleet.run.manifest_file import load as load_manifest
 
 WITH_PARITY = MANIFEST.replace(
     "num_requests: 2}", "num_requests: 2, parity: {prompt_set: p}}"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fleet.contracts.errors import ManifestError
-from fleet.run.manifest import load
+from fleet.run.manifest_file import load
 from fleet.run.placement import actor_options
 from fleet.run.plan import plan_shards
 

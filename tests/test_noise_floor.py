@@ -13,7 +13,7 @@ from fleet.analysis import noise_floor
 from fleet.contracts import schema
 from fleet.contracts.errors import ManifestError
 from fleet.results import prompt_rows
-from fleet.run.manifest import load
+from fleet.run.manifest_file import load
 from fleet.run.plan import plan_shards
 
 

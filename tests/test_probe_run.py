@@ -19,7 +19,7 @@ import pytest
 from fleet.analysis import probes
 from fleet.results import reader
 from fleet.run import driver
-from fleet.run.manifest import load
+from fleet.run.manifest_file import load
 
 pytestmark = pytest.mark.engine
 

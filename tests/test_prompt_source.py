@@ -13,7 +13,7 @@ import pytest
 from fleet.contracts.errors import ManifestError
 from fleet.contracts.prompt_source import PromptFile, check, chunks, read_slice
 from fleet.contracts.spec import Shard
-from fleet.run.manifest import load
+from fleet.run.manifest_file import load
 from fleet.run.plan import plan_shards
 
 GSM = [

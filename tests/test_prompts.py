@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from fleet.contracts.errors import ManifestError
 from fleet.contracts.prompts import Expected, Prompt, is_correct
-from fleet.run.manifest import load
+from fleet.run.manifest_file import load
 from fleet.run.prompt_files import builtin_names
 
 

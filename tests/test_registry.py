@@ -27,7 +27,7 @@ from fleet.contracts.targets import (
     TargetArgs,
     engine_side,
 )
-from fleet.run.manifest import load
+from fleet.run.manifest_file import load
 from fleet.run.plan import plan_perf, plan_probes
 
 

@@ -15,7 +15,7 @@ from fleet.analysis import probes
 from fleet.contracts.errors import ManifestError
 from fleet.contracts.spec import REPORT_LAYOUTS
 from fleet.report import layouts
-from fleet.run import manifest
+from fleet.run import manifest_file
 
 REPORTS = Path(__file__).parents[1] / "manifests" / "reports"
 BASE = """
@@ -32,12 +32,12 @@ reference: ref
 def test_every_layout_has_a_manifest_and_a_builder() -> None:
     assert set(layouts.names()) == set(REPORT_LAYOUTS)
     for layout in REPORT_LAYOUTS:
-        m = manifest.load(REPORTS / f"{layout}.yaml")
+        m = manifest_file.load(REPORTS / f"{layout}.yaml")
         assert m.report.layout == layout
 
 
 def test_003_has_the_playbook_order_and_the_full_matrix() -> None:
-    m = manifest.load(REPORTS / "003-qwen-7b.yaml")
+    m = manifest_file.load(REPORTS / "003-qwen-7b.yaml")
     after = {t.name: t.after for t in m.targets}
     assert after["stage-a-dummy"] is None and after["stage-b-real"] == "stage-a-dummy"
     variants = [t for t in m.targets if t.name.startswith("vllm.")]
@@ -47,7 +47,7 @@ def test_003_has_the_playbook_order_and_the_full_matrix() -> None:
 
 
 def test_004_reads_54_gsm8k_problems_with_numeric_answers() -> None:
-    m = manifest.load(REPORTS / "004-openelm-3b.yaml")
+    m = manifest_file.load(REPORTS / "004-openelm-3b.yaml")
     gsm = m.prompts["gsm"]
     assert len(gsm) == 54 and len({p.id for p in gsm}) == 54
     assert all(p.messages and p.expected and p.expected.number is not None for p in gsm)
@@ -63,12 +63,12 @@ def test_gsm8k_format_errors_name_file_and_line(tmp_path: Path) -> None:
     text += "targets: [{name: r, kind: test-double}]\nreference: r\n"
     (tmp_path / "m.yaml").write_text(text)
     with pytest.raises(ManifestError, match=r"g\.jsonl:1: expected GSM8K's"):
-        manifest.load(tmp_path / "m.yaml")
+        manifest_file.load(tmp_path / "m.yaml")
 
 
 def test_overrides_apply_dotted_paths_and_yaml_values(tmp_path: Path) -> None:
     path = REPORTS / "002-qwen2.5-0.5b.yaml"
-    m = manifest.load(path, overrides=["perf.0.concurrency=[1, 2]", "sampling.max_tokens=3", "run.shard_size=1"])
+    m = manifest_file.load(path, overrides=["perf.0.concurrency=[1, 2]", "sampling.max_tokens=3", "run.shard_size=1"])
     assert m.perf[0].concurrency == [1, 2] and m.sampling.max_tokens == 3 and m.run.shard_size == 1
     for bad, why in (
         ("sampling", "expected KEY=VALUE"),
@@ -77,7 +77,7 @@ def test_overrides_apply_dotted_paths_and_yaml_values(tmp_path: Path) -> None:
         ("sampling.max_tokenz=1", "unknown key 'max_tokenz'"),
     ):
         with pytest.raises(ManifestError, match=why):
-            manifest.load(path, overrides=[bad])
+            manifest_file.load(path, overrides=[bad])
 
 
 def test_set_is_refused_with_resume(capsys: pytest.CaptureFixture[str]) -> None:
@@ -92,7 +92,7 @@ def test_set_is_refused_with_resume(capsys: pytest.CaptureFixture[str]) -> None:
 def test_after_names_an_earlier_candidate(tmp_path: Path, after: str, why: str) -> None:
     (tmp_path / "m.yaml").write_text(BASE.replace("AFTER", after))
     with pytest.raises(ManifestError, match=rf"targets\[2\]\.after: '{after}' {why}"):
-        manifest.load(tmp_path / "m.yaml")
+        manifest_file.load(tmp_path / "m.yaml")
 
 
 def test_logits_distribution_spreads_errors_over_the_vocabulary() -> None:
@@ -153,7 +153,7 @@ def test_004_gates_cannot_pass_on_a_reference_that_solves_nothing() -> None:
     accuracy is gated (>= 3 of 54), and parity too."""
     from fleet.analysis import gates
 
-    m = manifest.load(REPORTS / "004-openelm-3b.yaml")
+    m = manifest_file.load(REPORTS / "004-openelm-3b.yaml")
     assert {"first_top1_agreement_excl_ties", "tf_p99_abs_logprob_diff"} <= {g.metric for g in m.gates}
     accuracy = pl.DataFrame(
         {"model": "smollm2-135m", "target": ["hf-cpu-fp32", "vllm-cpu-bf16"], "accuracy_pct": [100 / 54, 0.0]}

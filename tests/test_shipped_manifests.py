@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.run.manifest import load
+from fleet.run.manifest_file import load
 from fleet.run.placement import bundles, check_fits, footprint, places
 
 MANIFESTS = sorted((Path(__file__).resolve().parents[1] / "manifests").glob("*.yaml"))

@@ -77,7 +77,7 @@ def comparable(run_dir: Path) -> dict[str, pl.DataFrame]:
 
 
 def test_the_check_takes_turns_and_refuses_only_a_target_that_fits_nowhere(tmp_path: Path) -> None:
-    from fleet.run.manifest import load
+    from fleet.run.manifest_file import load
 
     path = tmp_path / "m.yaml"
     path.write_text(APART)

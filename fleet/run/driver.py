@@ -32,6 +32,7 @@ from fleet.results.direct import DirectSink, actors_write
 from fleet.results.info import RunInfo
 from fleet.results.store import RUN_JSON, RunStore, join, now
 from fleet.run import manifest as manifest_mod
+from fleet.run import manifest_file
 from fleet.run.drill import DrillPoints, drill_plans
 from fleet.run.outcome import GateCheck, Outcome
 from fleet.run.placement import check_fits
@@ -96,7 +97,7 @@ def run(
 
     results_dir is a local directory or a URI (s3://bucket/prefix, see fleet.store.locate); the run
     directory is <results_dir>/<run_id>, returned in the same form (a Path stays a Path).
-    `overrides` (`KEY=VALUE`, fleet.run.manifest.override) apply on top of the file; run.json keeps both.
+    `overrides` (`KEY=VALUE`, fleet.run.manifest_file.override) apply on top of the file; run.json keeps both.
     `gates_of(run_dir, model, target)`: why a target's gates failed on the rows so far (None: passed);
     `after:` waits for it (without it, `after:` checks failures only). `drilldown_of(run_dir, model)`:
     the model's real divergences, which a manifest's `drilldown:` probes once the parity rows are in."""
@@ -131,7 +132,7 @@ def check(
     directory it would write (a name inside results_dir, not taken), every model's source. Returns
     the manifest, run directory, run.json's first contents and the models that cannot be resolved;
     writes nothing."""
-    manifest = manifest_mod.load(manifest_path, overrides=overrides)
+    manifest = manifest_file.load(manifest_path, overrides=overrides)
     if "://" in str(results_dir):
         check_url(str(results_dir), what="--results")
     run_id = check_name(default_run_id(manifest_path) if run_id is None else run_id, what="--run-id")
@@ -225,7 +226,7 @@ def check_resume(
     try:
         manifest = manifest_mod.Manifest.model_validate(info.manifest_resolved)
     except ValidationError as e:
-        raise UserError(manifest_mod.format_error(where, info.manifest_resolved, e)) from None
+        raise UserError(manifest_file.format_error(where, info.manifest_resolved, e)) from None
     with _storage(run_dir), reader.decoding(run_dir):
         done = store.completed_shards(), store.completed_perf(), store.completed_probes()
     return store, info, manifest, [p.remaining(*done) for p in plan(manifest)]
