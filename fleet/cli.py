@@ -89,7 +89,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     healthy copy failed)."""
     from fleet.report import calibrate, columns
     from fleet.report.table import markdown
-    from fleet.run.driver import default_run_id
+    from fleet.run.check import default_run_id
 
     run_id = args.run_id or default_run_id(args.manifest.with_stem(f"{args.manifest.stem}-calibrate"))
     table, lines = calibrate.calibrate(
@@ -145,14 +145,14 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     """`fleet run --check`: what run or resume would do before Ray starts, and what it found."""
-    from fleet.run import driver
+    from fleet.run.check import check, check_resume
 
     if args.resume is not None:
-        _, _, manifest, plans = driver.check_resume(args.resume)
+        _, _, manifest, plans = check_resume(args.resume)
         shards, calls = sum(len(p.shards) for p in plans), sum(len(p.perf) + len(p.probes) for p in plans)
         print(f"ok: {args.resume}: {shards} shards, {calls} perf levels and probe calls to do")
         return EXIT_OK
-    manifest, run_dir, _, unresolved = driver.check(
+    manifest, run_dir, _, unresolved = check(
         args.manifest, results_dir=args.results, run_id=args.run_id, overrides=args.overrides
     )
     print(f"ok: {len(manifest.models)} models x {len(manifest.targets)} targets would run into {run_dir}")

@@ -159,12 +159,12 @@ def test_report_output_into_a_missing_folder_fails_before_the_summary(double_run
 
 
 def test_an_internal_error_is_a_traceback_and_says_it_is_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fleet.run import driver
+    from fleet.run import check as before_ray
 
     def broken(*_: Any, **__: Any) -> Any:
         raise RuntimeError("an invariant broke")
 
-    monkeypatch.setattr(driver, "check", broken)
+    monkeypatch.setattr(before_ray, "check", broken)
     code, _, err = run_cli("run", "--check", ROOT / "manifests" / "tiny.yaml")
     assert code == 1
     assert "Traceback" in err and "RuntimeError: an invariant broke" in err

@@ -1,4 +1,6 @@
-"""One run from start to end: validate the manifest, connect to Ray, dispatch, record provenance.
+"""One run from start to end: the checks before Ray starts (fleet/run/check.py), Ray
+(fleet/run/cluster.py), the run directory, dispatch (fleet/run/scheduler.py), the drill-down
+(fleet/run/drill.py), and how it all ended, in run.json. `fleet run` and `fleet run --resume`.
 
 Nothing is written until the manifest has validated and the cluster has been found big enough,
 so bad input never leaves a run directory behind.
@@ -6,78 +8,25 @@ so bad input never leaves a run directory behind.
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import functools
-import hashlib
-import os
-import platform
-import socket
-import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-from pydantic import ValidationError
-
-from fleet.contracts.errors import UserError
-from fleet.contracts.gates import LATEST_PASS
-from fleet.contracts.inputs import check_name, check_url, clip, cut, inside, read_text
-from fleet.contracts.schema import SCHEMA_VERSION
-from fleet.contracts.targets import SOURCE_PREFLIGHT, engine_side
-from fleet.results import reader
-from fleet.results.catalog import require_runs
 from fleet.results.direct import DirectSink, actors_write
 from fleet.results.info import RunInfo
 from fleet.results.store import RUN_JSON, RunStore, join, now
-from fleet.run import manifest as manifest_mod
-from fleet.run import manifest_file
+from fleet.run.check import check, check_resume, storage_errors
+from fleet.run.cluster import check_cluster, cluster_info, ray_cluster
 from fleet.run.drill import DrillPoints, drill_plans
+from fleet.run.manifest import Manifest
 from fleet.run.outcome import GateCheck, Outcome
-from fleet.run.placement import check_fits
 from fleet.run.plan import ModelPlan, plan
 from fleet.run.progress import Progress
 from fleet.run.scheduler import execute
 
 # (run_dir, model, target) -> why the target's gates failed on the rows written so far (None: passed).
 RunGateCheck = Callable[[str | Path, str, str], str | None]
-
-
-def default_run_id(manifest_path: Path) -> str:
-    return f"{manifest_path.stem}-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}"
-
-
-def _connect(address: str | None, *, verbose: bool, num_cpus: int | None = None) -> bool:
-    """Join the cluster at `address` (or $RAY_ADDRESS; "auto" finds one on this machine); without one
-    start a private local Ray, never someone else's cluster by accident, with `num_cpus` CPU slots
-    (default: the machine's cores). True if started here."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # else Ray 2.60 writes ~/.ray/auth_token
-    import ray
-
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if num_cpus is not None and (address is not None or ray.is_initialized()):
-        where = address or "this process's Ray"
-        msg = f"--num-cpus sizes the private Ray that fleet run starts; the cluster at {where!r} has its own size"
-        raise UserError(msg)
-    if ray.is_initialized():
-        return False
-    sized = {} if num_cpus is None else {"num_cpus": num_cpus}
-    ray.init(
-        address=address or "local", include_dashboard=False, log_to_driver=verbose, configure_logging=verbose, **sized
-    )
-    return address is None
-
-
-def _driver_versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    versions = {"python": platform.python_version(), "hostname": socket.gethostname()}
-    for dist in ("fleet-eval", "ray", "pyarrow", "polars", "pydantic"):
-        with contextlib.suppress(md.PackageNotFoundError):
-            versions[dist] = md.version(dist)
-    return versions
 
 
 def run(
@@ -104,9 +53,9 @@ def run(
     manifest, run_dir, info, unresolved = check(
         manifest_path, results_dir=results_dir, run_id=run_id, overrides=overrides
     )
-    with _ray(ray_address, verbose=verbose, num_cpus=num_cpus) as cluster:
-        _check_cluster(manifest, cluster, manifest_path)
-        with _storage(run_dir):  # e.g. no such bucket: nothing was written
+    with ray_cluster(ray_address, verbose=verbose, num_cpus=num_cpus) as cluster:
+        check_cluster(manifest, cluster, manifest_path)
+        with storage_errors(run_dir):  # e.g. no such bucket: nothing was written
             store = RunStore.create(run_dir, info)
         outcome = _execute(
             manifest,
@@ -119,66 +68,6 @@ def run(
         )
         outcome = _drill(manifest, store, cluster, outcome, drilldown_of=drilldown_of, progress=progress)
     return run_dir, outcome
-
-
-def check(
-    manifest_path: Path,
-    *,
-    results_dir: str | Path = Path("results"),
-    run_id: str | None = None,
-    overrides: Sequence[str] = (),
-) -> tuple[manifest_mod.Manifest, str | Path, dict[str, Any], dict[str, str]]:
-    """Everything `run` does before Ray starts (`fleet run --check`): the manifest, the run
-    directory it would write (a name inside results_dir, not taken), every model's source. Returns
-    the manifest, run directory, run.json's first contents and the models that cannot be resolved;
-    writes nothing."""
-    manifest = manifest_file.load(manifest_path, overrides=overrides)
-    if "://" in str(results_dir):
-        check_url(str(results_dir), what="--results")
-    run_id = check_name(default_run_id(manifest_path) if run_id is None else run_id, what="--run-id")
-    run_dir = join(results_dir, run_id)
-    inside(results_dir, run_dir, what="--run-id")
-    with _storage(run_dir):
-        taken = RunStore(run_dir).exists()
-    if taken:
-        msg = f"{run_dir}: run directory already exists; choose another --run-id"
-        raise UserError(msg)
-    named = [run for g in manifest.gates for run in g.baseline_runs if run != LATEST_PASS]
-    with _storage(results_dir):
-        require_runs(results_dir, named, what="gates: baseline run")
-    unresolved = _preflight(manifest)
-    if unresolved and len(unresolved) == len(manifest.models):  # nothing could run: nothing is started
-        msg = f"{manifest_path}: no model's source can be resolved, so nothing would run; "
-        raise UserError(msg + next(iter(unresolved.values())))
-    text = read_text(manifest_path, what="manifest")
-    info = {
-        "run_id": run_id,
-        "manifest_path": str(manifest_path),
-        "manifest_sha256": hashlib.sha256(text.encode()).hexdigest(),
-        "manifest": text,
-        "overrides": list(overrides),
-        "manifest_resolved": manifest.model_dump(mode="json"),
-        "reference": manifest.reference,
-        "command": sys.argv,
-        "driver": _driver_versions(),
-    }
-    return manifest, run_dir, info, unresolved
-
-
-def _preflight(manifest: manifest_mod.Manifest) -> dict[str, str]:
-    """Models whose source cannot be resolved (e.g. an hf model missing from the offline cache),
-    found before any actor starts: they are recorded as failing and the rest of the run goes on."""
-    unresolved = {}
-    preflight = engine_side(SOURCE_PREFLIGHT)
-    for model in manifest.models:
-        try:
-            preflight(model.source)
-        except UserError as e:
-            unresolved[model.name] = cut(f"model {model.name!r}: {e}", 300)
-    if unresolved and len(unresolved) < len(manifest.models):
-        for why in unresolved.values():
-            print(f"error: {why}; its targets are skipped", file=sys.stderr)
-    return unresolved
 
 
 def resume(
@@ -194,8 +83,8 @@ def resume(
     """Finish an interrupted run: only the shards without a written `shards` row run again (and the
     drill-down, when the manifest asks for one, from the start: it is one step after the rest)."""
     store, info, manifest, plans = check_resume(run_dir)
-    with _ray(ray_address, verbose=verbose, num_cpus=num_cpus) as cluster:
-        _check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
+    with ray_cluster(ray_address, verbose=verbose, num_cpus=num_cpus) as cluster:
+        check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
         store.update_info(status="running", resumed_at=[*info.resumed_at, now()])
         outcome = _execute(
             manifest,
@@ -210,61 +99,8 @@ def resume(
     return run_dir, outcome
 
 
-def check_resume(
-    run_dir: str | Path,
-) -> tuple[RunStore, RunInfo, manifest_mod.Manifest, list[ModelPlan]]:
-    """Everything `resume` does before Ray starts (`fleet run --check --resume`): run.json, the
-    manifest recorded in it, and the work still to do, read from the stored tables."""
-    with _storage(run_dir):
-        info = reader.read_info(run_dir)
-        store = RunStore(run_dir)
-    where = join(run_dir, RUN_JSON)
-    if info.schema_version != SCHEMA_VERSION:
-        msg = f"{cut(str(run_dir), 200)}: written with schema version {clip(info.schema_version, 40)}; "
-        msg += f"this fleet-eval writes {SCHEMA_VERSION} and cannot add to it (report, compare and query still read it)"
-        raise UserError(msg)
-    try:
-        manifest = manifest_mod.Manifest.model_validate(info.manifest_resolved)
-    except ValidationError as e:
-        raise UserError(manifest_file.format_error(where, info.manifest_resolved, e)) from None
-    with _storage(run_dir), reader.decoding(run_dir):
-        done = store.completed_shards(), store.completed_perf(), store.completed_probes()
-    return store, info, manifest, [p.remaining(*done) for p in plan(manifest)]
-
-
-@contextlib.contextmanager
-def _storage(run_dir: str | Path) -> Iterator[None]:
-    """Results storage that does not answer (endpoint, credentials, no such bucket) is bad input."""
-    try:
-        yield
-    except OSError as e:
-        raise UserError(f"{run_dir}: {e}") from None
-
-
-@contextlib.contextmanager
-def _ray(address: str | None, *, verbose: bool, num_cpus: int | None = None) -> Iterator[dict[str, float]]:
-    started_here = _connect(address, verbose=verbose, num_cpus=num_cpus)
-    import ray
-
-    try:
-        yield ray.cluster_resources()
-    finally:
-        if started_here:
-            ray.shutdown()
-
-
-def _check_cluster(manifest: manifest_mod.Manifest, cluster: dict[str, float], where: str | Path) -> None:
-    import ray
-
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    try:
-        check_fits(manifest, cluster, nodes)
-    except RuntimeError as e:
-        raise UserError(f"{where}: {e}") from None
-
-
 def _execute(
-    manifest: manifest_mod.Manifest,
+    manifest: Manifest,
     plans: list[ModelPlan],
     store: RunStore,
     cluster: dict[str, float],
@@ -292,14 +128,14 @@ def _execute(
             failed_shards=outcome.failed_shards,
             retries=(before.retries if before else 0) + outcome.retries,
             models=(before.timeline if before else {}) | outcome.timeline,
-            cluster=_cluster(),
+            cluster=cluster_info(),
             write="driver" if sink is None else "actors",  # who wrote the rows (run.write; the last session's)
         )
     return outcome
 
 
 def _drill(
-    manifest: manifest_mod.Manifest,
+    manifest: Manifest,
     store: RunStore,
     cluster: dict[str, float],
     outcome: Outcome,
@@ -341,7 +177,7 @@ def _drill(
     return merged
 
 
-def _sink(manifest: manifest_mod.Manifest, store: RunStore) -> DirectSink | None:
+def _sink(manifest: Manifest, store: RunStore) -> DirectSink | None:
     """Where the actors store their own rows (`run.write`, fleet/results/direct.py); None: the driver writes."""
     import ray
 
@@ -354,10 +190,3 @@ def _sink(manifest: manifest_mod.Manifest, store: RunStore) -> DirectSink | None
 
 def _bind(gates_of: RunGateCheck | None, run_dir: str | Path) -> GateCheck | None:
     return None if gates_of is None else functools.partial(gates_of, run_dir)
-
-
-def _cluster() -> dict[str, Any]:
-    import ray
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    return {"nodes": [n.get("NodeManagerHostname") for n in nodes], "resources": ray.cluster_resources()}

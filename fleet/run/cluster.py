@@ -1,0 +1,68 @@
+"""Ray for one run: join the cluster named (or start a private local one, never someone else's by
+accident), check the manifest's targets fit it, and describe it for run.json."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleet.contracts.errors import UserError
+from fleet.run.placement import check_fits
+
+if TYPE_CHECKING:
+    from fleet.run.manifest import Manifest
+
+
+def _connect(address: str | None, *, verbose: bool, num_cpus: int | None = None) -> bool:
+    """Join the cluster at `address` (or $RAY_ADDRESS; "auto" finds one on this machine); without one
+    start a private local Ray, never someone else's cluster by accident, with `num_cpus` CPU slots
+    (default: the machine's cores). True if started here."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # else Ray 2.60 writes ~/.ray/auth_token
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if num_cpus is not None and (address is not None or ray.is_initialized()):
+        where = address or "this process's Ray"
+        msg = f"--num-cpus sizes the private Ray that fleet run starts; the cluster at {where!r} has its own size"
+        raise UserError(msg)
+    if ray.is_initialized():
+        return False
+    sized = {} if num_cpus is None else {"num_cpus": num_cpus}
+    ray.init(
+        address=address or "local", include_dashboard=False, log_to_driver=verbose, configure_logging=verbose, **sized
+    )
+    return address is None
+
+
+@contextlib.contextmanager
+def ray_cluster(address: str | None, *, verbose: bool, num_cpus: int | None = None) -> Iterator[dict[str, float]]:
+    """Ray for the run (see `_connect`), as its resources; a Ray started here is shut down after."""
+    started_here = _connect(address, verbose=verbose, num_cpus=num_cpus)
+    import ray
+
+    try:
+        yield ray.cluster_resources()
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def check_cluster(manifest: Manifest, cluster: dict[str, float], where: str | Path) -> None:
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    try:
+        check_fits(manifest, cluster, nodes)
+    except RuntimeError as e:
+        raise UserError(f"{where}: {e}") from None
+
+
+def cluster_info() -> dict[str, Any]:
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return {"nodes": [n.get("NodeManagerHostname") for n in nodes], "resources": ray.cluster_resources()}
