@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
     from fleet.contracts.engine import Generation, PerfResult, Positions, Prefix, RowSink
     from fleet.contracts.prompts import Prompt
-    from fleet.contracts.spec import ModelSpec, Sampling, Scenario, Shard
+    from fleet.contracts.scenario import Scenario
+    from fleet.contracts.spec import ModelSpec, Sampling, Shard
     from fleet.contracts.targets import Capability, TargetArgs
 
 

@@ -16,7 +16,7 @@ the gate is SKIP with a reason, not FAIL: the first run of a series has nothing 
 and a FAIL would keep every later run from finding a passing one. Fewer passing runs than `runs`
 asks for: the gate is judged on those and says so. A named run id missing from the root is a FAIL
 naming the root and the runs it holds (`fleet run` refuses such a gate before it starts:
-fleet/run/driver.py).
+fleet/run/check.py).
 """
 
 from __future__ import annotations

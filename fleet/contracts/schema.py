@@ -419,7 +419,7 @@ PERF_TABLES: dict[str, pa.Schema] = {
 }
 
 
-# Parity under load (a perf scenario's `parity:`, fleet/contracts/spec.py): the parity prompts'
+# Parity under load (a perf scenario's `parity:`, fleet/contracts/scenario.py): the parity prompts'
 # requests and token rows at each level, sent alone before the load ("solo") and mid-load ("load"),
 # keyed like the perf tables by scenario and level; their other columns are REQUESTS' and TOKENS'
 # (the reference's teacher-forced columns included), so the parity analysis reads them as it reads

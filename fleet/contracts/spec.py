@@ -13,9 +13,6 @@ from pydantic import Field
 from fleet.contracts.base import MAX_COUNT, MAX_SEED, MAX_TIMEOUT_S, DType, Name, Strict
 from fleet.contracts.prompt_source import FileSlice, read_slice
 from fleet.contracts.prompts import Prompt
-
-# actors/target_actor.py still names Scenario here; drop this once its import names fleet.contracts.scenario.
-from fleet.contracts.scenario import Scenario as Scenario
 from fleet.contracts.sources import ModelSource
 
 
