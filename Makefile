@@ -35,14 +35,14 @@ lint: setup
 	# The docs site (mkdocs.yml): a broken link or anchor, a missing page or one left out of nav fails.
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
 
-# Two legs: the suite, then the engine paths again in a GPU / NPU's process layout on CPU engines
-# (tests/test_accelerator_layout.py: the engine core in a child process). Two pytest-xdist workers
-# even on 2 cores: half of a test's wall time is waiting on a child process (an engine's imports,
-# a Ray start), which the other worker fills (docs/measurements.md). Each worker has its own local Ray.
+# The suite, the engine paths in a GPU / NPU's process layout on CPU engines included
+# (tests/test_accelerator_layout.py: the engine core in a child process), on two pytest-xdist
+# workers even on 2 cores: half of a test's wall time is waiting on a child process (an engine's
+# imports, a Ray start), which the other worker fills (docs/measurements.md). Each worker has its
+# own local Ray; tests/work_units.py deals the engine modules out first.
 TEST_WORKERS ?= 2
 test: lint browser
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope -m "not accelerator_layout"
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope -m accelerator_layout
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadscope
 
 # The HTML report is tested in a real headless Chromium: Debian's package, installed here as root.
 # Without it the browser tests skip, which .ci/run does not allow (.ci/allowed-skips).

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 
 class TargetActor:
     def __init__(self, target: TargetArgs, model: ModelSpec, sampling: Sampling) -> None:
+        self._build(target, model, sampling)
+
+    def _build(self, target: TargetArgs, model: ModelSpec, sampling: Sampling) -> None:
+        """Resolve the model and build the target's engine in this process; again, for the next
+        target of this actor's shape, once `shutdown` ended the last engine (fleet/run/idle_actors.py)."""
         from actors import threads
         from actors.devices import pin_visible_devices
         from actors.reaper import guard_children
@@ -64,8 +69,11 @@ class TargetActor:
         """`score` of a candidate shard `sink` stored, read, scored and stored again here."""
         return sink.scored(shard_id, weights, functools.partial(self.engine.score, k=k, twin=twin))
 
-    def describe(self) -> dict[str, str]:
-        """Provenance: the engine's environment plus exactly which weights it loaded, and where."""
+    def describe(self, *, build: tuple[TargetArgs, ModelSpec, Sampling] | None = None) -> dict[str, str]:
+        """Provenance: the engine's environment plus exactly which weights it loaded, and where.
+        `build`: a kept actor builds this (target, model, sampling)'s engine first."""
+        if build is not None:
+            self._build(*build)
         import json
         import os
 

@@ -11,7 +11,7 @@ One run on a private local Ray of 4 CPU slots, in a subprocess (a process holds 
   and the full-vocabulary logits probe; its actor is SIGKILLed mid-run by this test;
 - `vllm-tp2-child`: tensor_parallel_size 2, vLLM's `mp` executor under the child engine core;
 - `srv-child`: vLLM's OpenAI server with the same environment: smoke checks, generate and score.
-Each path once (the engine starts are the cost); the CI leg is `pytest -m accelerator_layout`.
+Each path once (the engine starts are the cost); `pytest -m accelerator_layout` runs them alone.
 """
 
 from __future__ import annotations

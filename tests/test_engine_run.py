@@ -166,6 +166,12 @@ def test_run_json_records_manifest_and_provenance(engine_run: Path) -> None:
         assert vllm.get(key), key
     weights = {p["weights_sha256"] for p in info["provenance"].values()}
     assert len(weights) == 1  # every target ran the identical synthetic weights
+    # Two CPU slots hold the reference and one candidate: vllm-bf16 started once vllm-fp32 was done,
+    # in its kept actor process (fleet/run/idle_actors.py). The tests above check its engine is bf16's.
+    prov = info["provenance"]
+    assert (
+        prov["tiny-llama/vllm-bf16"]["pid"] == prov["tiny-llama/vllm-fp32"]["pid"] != prov["tiny-llama/hf-fp32"]["pid"]
+    )
 
 
 def test_report_recomputes_from_parquet_alone(engine_run: Path) -> None:

@@ -88,6 +88,7 @@ class Cluster:
     twins: list[str | None] = field(default_factory=list)  # the twin dtype each score call asked for
     resources: dict[str, float] = field(default_factory=lambda: {"CPU": 6.0})
     kill_at: tuple[str, str, str] | None = None  # (model, target, method) whose send kills the driver
+    made: list[Actor] = field(default_factory=list)  # every actor started, in order
 
 
 class DriverKilled(BaseException):
@@ -110,6 +111,8 @@ class Method:
 
     def remote(self, *args: Any, **kwargs: Any) -> Ref:
         actor, cluster = self.actor, self.actor.cluster
+        if kwargs.get("build") is not None:  # a kept actor, handed to the next target of its shape
+            actor.build(*kwargs.pop("build"))
         detail = _detail(self.name, args)
         key = (actor.model.name, actor.target.name, self.name, detail)
         if self.name != "shutdown":
@@ -137,8 +140,13 @@ class Method:
 
 class Actor:
     def __init__(self, cluster: Cluster, target: Any, model: Any, sampling: Any) -> None:
-        self.cluster, self.target, self.model, self.dead = cluster, target, model, False
+        self.cluster, self.dead = cluster, False
         self.id = next(cluster.actors)
+        cluster.made.append(self)
+        self.build(target, model, sampling)
+
+    def build(self, target: Any, model: Any, sampling: Any) -> None:
+        self.target, self.model = target, model
         resolved = ResolvedModel(model, Path(), f"w-{model.name}", None)
         self.engine = TestDoubleEngine(TestDoubleArgs(name=target.name), resolved, sampling=sampling)
         self.keys = {"model": model.name, "model_weights": resolved.weights, "target": target.name}
@@ -148,7 +156,7 @@ class Actor:
             raise AttributeError(name)
         return Method(self, name)
 
-    def do_describe(self) -> dict[str, str]:
+    def do_describe(self, build: Any = None) -> dict[str, str]:
         return {"actor": str(self.id)}
 
     def do_smoke(self) -> pa.Table:

@@ -178,7 +178,8 @@ def test_after_waits_for_the_reference_turn_that_scores_what_it_follows(cluster:
 
 
 def test_a_reference_that_cannot_start_leaves_the_staged_rows_unscored_once(cluster: Cluster, tmp_path: Path) -> None:
-    cluster.fail = {("m1", "ref", "describe"): 1}
+    # Twice: its first start is in a candidate's kept actor, which is given one new actor (idle_actors.py).
+    cluster.fail = {("m1", "ref", "describe"): 2}
     run_dir, _, info = run(tmp_path, APART)
     assert set(info["failures"]) == {"m1/ref"}
     m1 = tables(run_dir)["tokens"].filter(pl.col("model") == "m1")

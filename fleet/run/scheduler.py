@@ -13,6 +13,10 @@ cannot run beside the reference at all, the reference takes turns with the candi
 shards are staged (fleet/results/staging.py) and scored when the reference's turn comes
 (AdmittedModel, fleet/run/slots.py).
 
+A released actor whose engine shut down cleanly is kept for the next target of the same shape,
+which builds its engine in that process (fleet/run/idle_actors.py: a new process's imports cost
+more than a small engine).
+
 Faults: a call that fails or outlives its timeout gets its actor replaced (engine processes go
 with it) and the shard retried, up to `run.max_attempts`; then the shard is recorded as failed
 and the run goes on. A target whose actor cannot start fails as a whole.
@@ -33,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from fleet.results.direct import actor_env
 from fleet.results.staging import Staging
 from fleet.results.store import now
+from fleet.run.idle_actors import IdleActors
 from fleet.run.outcome import GateCheck, Outcome
 from fleet.run.placement import fits, reservation, turns_note
 from fleet.run.slots import AdmittedModel
@@ -88,6 +93,7 @@ class Loop:
             bar.write(note)
         # Shards a killed run staged: scored now, not generated again (the rest of the area goes).
         staged = self.staging.recover({s.shard_id for plan in plans for s in plan.shards})
+        self.idle = IdleActors()  # a released actor waits for the next target of its shape
         self.waiting = deque(
             AdmittedModel(
                 manifest.model(plan.model),
@@ -100,6 +106,7 @@ class Loop:
                 staged=staged,
                 sink=sink,
                 env=actor_env(store) if sink is not None else None,
+                idle=self.idle,
             )
             for plan in plans
             if plan
@@ -133,6 +140,7 @@ class Loop:
             for admitted in self.active:
                 for slot in admitted.slots.values():
                     slot.stop()
+            self.idle.clear()
             self.writer.stop()
         self.writer.wait()
         self.staging.tidy()
@@ -261,6 +269,12 @@ class Loop:
 
     def _failed(self, admitted: AdmittedModel, name: str, work: Work, reason: str) -> None:
         slot, key = admitted.slots[name], f"{admitted.model.name}/{name}"
+        if work.starts_actor and slot.build is not None:
+            # A kept actor's process, not the target, may be what failed (its node went while it
+            # waited): the target's engine is built once more in a new actor before it counts.
+            slot.stop()
+            slot.launch(reuse=False)
+            return
         if work.starts_actor or not slot.alive:
             # The actor could not start (the model does not load, no such device...): the whole
             # target fails; its candidates' rows are written unscored if it was the reference.

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fleet.run.drill import Drill
+from fleet.run.idle_actors import IdleActors, shape
 from fleet.run.perf_work import Perf
 from fleet.run.placement import add, fits, footprint, reserve
 from fleet.run.work import Describe, Generate, Probe, Score, ScoreStaged, Smoke, Work
 
 if TYPE_CHECKING:
-    from fleet.contracts.spec import ModelSpec, Shard
+    from fleet.contracts.spec import ModelSpec, Sampling, Shard
     from fleet.contracts.targets import TargetArgs
     from fleet.results.direct import DirectSink
     from fleet.results.staging import Staging
@@ -34,10 +35,19 @@ class ActorSlot:
     """The driver's handle on one target's TargetActor for one model, fed one call at a time."""
 
     def __init__(
-        self, target: TargetArgs, model: ModelSpec, manifest: Manifest, *, env: dict[str, str] | None = None
+        self,
+        target: TargetArgs,
+        model: ModelSpec,
+        manifest: Manifest,
+        *,
+        env: dict[str, str] | None = None,
+        idle: IdleActors | None = None,
     ) -> None:
         self.target, self.model, self.manifest = target, model, manifest
         self.env = env or {}  # beside the target's own: what writing to the results store needs
+        self.idle = idle  # actors kept between targets (fleet/run/idle_actors.py); None: none kept
+        self.shape: str | None = None  # the current actor's, when it may be kept
+        self.build: tuple[TargetArgs, ModelSpec, Sampling] | None = None  # for a kept actor's Describe
         self.queue: deque[Work] = deque()
         self.current: tuple[Any, Work, float] | None = None  # (object ref, work, deadline)
         self.handle: Any = None
@@ -54,18 +64,27 @@ class ActorSlot:
     def runs_alone(self, work: Work) -> bool:
         return work.alone_on_cpu and self.target.device == "cpu"
 
-    def launch(self) -> None:
+    def launch(self, *, reuse: bool = True) -> None:
+        """Start the target's actor (`reuse`: or take a kept one of its shape) and queue its Describe."""
         import ray
 
         from fleet.contracts.targets import TARGET_ACTOR, engine_side
 
         self.pg, options = reserve(self.target)
         options["runtime_env"] = {"env_vars": BASE_ENV | self.env | self.target.actor_env()}
-        self.handle = (
-            ray.remote(engine_side(TARGET_ACTOR))
-            .options(**options)
-            .remote(self.target, self.model, self.manifest.sampling)
-        )
+        self.shape = shape(options) if self.idle is not None and self.pg is None else None
+        kept = self.idle.take(self.shape) if reuse and self.idle is not None and self.shape is not None else None
+        if kept is not None:  # its Describe builds this target's engine first
+            self.handle, self.build = kept, (self.target, self.model, self.manifest.sampling)
+        else:
+            self.handle, self.build = (
+                (
+                    ray.remote(engine_side(TARGET_ACTOR))
+                    .options(**options)
+                    .remote(self.target, self.model, self.manifest.sampling)
+                ),
+                None,
+            )
         self.alive = False
         if self.target.can("smoke") and not self.smoked:
             self.queue.appendleft(Smoke())
@@ -80,18 +99,25 @@ class ActorSlot:
         self.current = (call, work, time.monotonic() + timeout)
         return call
 
-    def stop(self) -> None:
-        """Shut the engine down (its child processes with it), then the actor, then its cards."""
+    def stop(self, *, keep: bool = False) -> None:
+        """Shut the engine down (its child processes with it), then the actor, then its cards.
+        `keep`: an actor whose engine answered and shut down cleanly waits for the next target of
+        its shape instead (fleet/run/idle_actors.py)."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
         if self.handle is not None:
+            clean = False
             with contextlib.suppress(Exception):  # a dead actor has nothing left to shut down
                 ray.get(self.handle.shutdown.remote(), timeout=60)
-            ray.kill(self.handle, no_restart=True)
+                clean = True
+            if keep and clean and self.alive and self.idle is not None and self.shape is not None:
+                self.idle.keep(self.shape, self.handle)
+            else:
+                ray.kill(self.handle, no_restart=True)
         if self.pg is not None:
             remove_placement_group(self.pg)
-        self.handle = self.pg = self.current = None
+        self.handle = self.pg = self.current = self.shape = self.build = None
         self.alive = False
 
 
@@ -117,9 +143,11 @@ class AdmittedModel:
         staged: dict[str, str] | None = None,
         sink: DirectSink | None = None,
         env: dict[str, str] | None = None,
+        idle: IdleActors | None = None,
     ) -> None:
         """`staged`: shards (id -> weights) generated and staged before a resume: only scored now.
-        `sink`: the actors store their rows themselves (fleet/results/direct.py); `env`: what they need for it."""
+        `sink`: the actors store their rows themselves (fleet/results/direct.py); `env`: what they need for it.
+        `idle`: actors kept between targets, shared by the run's models."""
         self.model, self.manifest, self.reservation = model, manifest, reservation
         self.take_turns, self.staging, self.sink = take_turns, staging, sink
         self.reference_failed = False  # its actor could not start: candidates' rows stay unscored
@@ -128,7 +156,7 @@ class AdmittedModel:
         self.not_passed = not_passed
         self.skipped: dict[str, str] = {}  # target -> why it was not run (`after:` did not pass)
         self.ref = manifest.reference
-        self.slots = {t.name: ActorSlot(t, model, manifest, env=env) for t in manifest.targets}
+        self.slots = {t.name: ActorSlot(t, model, manifest, env=env, idle=idle) for t in manifest.targets}
         for shard in plan.shards:
             if staged and shard.shard_id in staged:
                 self.stage(shard, staged[shard.shard_id])
@@ -246,7 +274,7 @@ class AdmittedModel:
         return out
 
     def release(self, name: str) -> None:
-        self.slots[name].stop()
+        self.slots[name].stop(keep=True)
         self.running.discard(name)
         self._start_candidates()
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from fleet.contracts.engine import Generation
-    from fleet.contracts.spec import ModelSpec, Shard
+    from fleet.contracts.spec import ModelSpec, Sampling, Shard
     from fleet.contracts.targets import TargetArgs
     from fleet.results.direct import DirectSink
     from fleet.results.staging import Staging
@@ -42,6 +42,8 @@ class SlotView(Protocol):
     def model(self) -> ModelSpec: ...
     @property
     def target(self) -> TargetArgs: ...
+    @property
+    def build(self) -> tuple[TargetArgs, ModelSpec, Sampling] | None: ...
 
 
 @dataclass(frozen=True)
@@ -127,12 +129,13 @@ def _where(slot: SlotView) -> str:
 
 @dataclass(frozen=True)
 class Describe(Work):
-    """The first call to every actor: it answers once the engine is up, with its provenance."""
+    """The first call to every actor: it answers once the engine is up, with its provenance. A
+    kept actor (fleet/run/idle_actors.py) builds the slot's engine first."""
 
     starts_actor: ClassVar[bool] = True
 
     def submit(self, slot: SlotView) -> tuple[Any, float]:
-        return slot.handle.describe.remote(), slot.manifest.run.start_timeout_s
+        return slot.handle.describe.remote(build=slot.build), slot.manifest.run.start_timeout_s
 
     def on_result(self, slot: SlotView, result: dict[str, str]) -> Effects:
         return Effects(provenance=result)

@@ -1,0 +1,72 @@
+"""Actors kept between targets (fleet/run/idle_actors.py), on test_scheduler's in-process Ray: the
+next target of the same shape builds its engine in the last one's actor, a target of another shape
+gets its own after the kept ones are killed, a kept actor that fails to build is replaced before
+the target counts as failed, and nothing outlives the run. The real path, vLLM engines on a real
+Ray, is test_engine_run's (its bfloat16 candidate runs in the float32 one's process)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from test_scheduler import Cluster, fake_ray, run, tables
+
+MANIFEST = """
+models:
+  - {name: m1, source: {kind: synthetic, seed: 1}}
+prompts:
+  p: [{id: a, prompt: "one"}, {id: b, prompt: "two"}]
+targets:
+  - {name: ref, kind: hf}
+  - {name: c1, kind: vllm}
+  - {name: c2, kind: vllm, dtype: float32}
+  - {name: c3, kind: vllm, env: {SOME_FLAG: "1"}}
+  - {name: c4, kind: vllm}
+reference: ref
+sampling: {max_tokens: 3, logprobs: 2}
+run: {shard_size: 2, max_attempts: 2}
+"""
+
+
+@pytest.fixture
+def two_slots(monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    """test_scheduler's fake Ray with two CPU slots: the reference and one candidate at a time."""
+    cluster = Cluster(resources={"CPU": 2.0})
+    for name, module in fake_ray(cluster).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return cluster
+
+
+def _actors(info: dict[str, object]) -> dict[str, str]:
+    return {key.split("/")[1]: p["actor"] for key, p in info["provenance"].items()}  # type: ignore[attr-defined]
+
+
+def test_targets_of_one_shape_share_an_actor_process(two_slots: Cluster, tmp_path: Path) -> None:
+    run_dir, outcome, info = run(tmp_path, MANIFEST)
+    assert info["status"] == "complete" and outcome.retries == 0
+    actors = _actors(info)
+    # c2 differs from c1 in its engine only: it is built in c1's process. c3's environment differs
+    # (a process's, set when it starts): a new actor, and c1's kept one is killed to make room.
+    # c4 is c1's shape again, and finds c3's process kept, which is not its shape: a new one.
+    assert actors["c2"] == actors["c1"]
+    assert len({actors["c1"], actors["c3"], actors["c4"], actors["ref"]}) == 4
+    # Each target's rows are its own engine's: a rebuilt actor answers as the target it now is.
+    t = tables(run_dir)
+    assert sorted(set(t["tokens"]["target"])) == ["c1", "c2", "c3", "c4", "ref"]
+    assert t["tokens"].filter(pl.col("target") != "ref")["ref_logprob"].null_count() == 0
+    # Every actor is gone when the run ends, kept ones included; each engine was shut down first.
+    sent = [e for e in two_slots.log if e[0] == "send"]
+    assert sorted(target for _, _, target, method, _ in sent if method == "shutdown") == ["c1", "c2", "c3", "c4", "ref"]
+    assert all(a.dead for a in two_slots.made)
+
+
+def test_a_kept_actor_that_fails_to_build_is_replaced_before_the_target_fails(
+    two_slots: Cluster, tmp_path: Path
+) -> None:
+    two_slots.fail = {("m1", "c2", "describe"): 1}  # its node went while the actor waited, say
+    _, outcome, info = run(tmp_path, MANIFEST)
+    assert info["status"] == "complete" and info["failures"] == {} and outcome.retries == 0
+    actors = _actors(info)
+    assert actors["c2"] != actors["c1"]  # built again in a new actor, where it started
