@@ -70,3 +70,9 @@ def test_a_kept_actor_that_fails_to_build_is_replaced_before_the_target_fails(
     assert info["status"] == "complete" and info["failures"] == {} and outcome.retries == 0
     actors = _actors(info)
     assert actors["c2"] != actors["c1"]  # built again in a new actor, where it started
+
+
+def test_keep_actors_false_gives_every_target_its_own_process(two_slots: Cluster, tmp_path: Path) -> None:
+    _, _, info = run(tmp_path, MANIFEST.replace("max_attempts: 2}", "max_attempts: 2, keep_actors: false}"))
+    assert info["status"] == "complete"
+    assert len(set(_actors(info).values())) == 5

@@ -56,6 +56,13 @@ class RunOptions(Strict):
         "(docs/cluster.md). auto: the actors when the results root is an object store (s3://), or the cluster has "
         "more than one node and the results directory is on a network file system; else the driver.",
     )
+    keep_actors: bool = Field(
+        True,
+        description="A target's actor, once its engine shut down cleanly, is kept for the next target of the "
+        "same resources and environment, which builds its engine there instead of starting a new process "
+        "(fleet/run/idle_actors.py). false: a new process for every target, e.g. where an engine leaves "
+        "its process or card in a state the next should not inherit.",
+    )
 
 
 def _default_allowance() -> dict[DType, float]:

@@ -93,7 +93,8 @@ class Loop:
             bar.write(note)
         # Shards a killed run staged: scored now, not generated again (the rest of the area goes).
         staged = self.staging.recover({s.shard_id for plan in plans for s in plan.shards})
-        self.idle = IdleActors()  # a released actor waits for the next target of its shape
+        # A released actor waits for the next target of its shape (run.keep_actors).
+        self.idle = IdleActors() if manifest.run.keep_actors else None
         self.waiting = deque(
             AdmittedModel(
                 manifest.model(plan.model),
@@ -140,7 +141,8 @@ class Loop:
             for admitted in self.active:
                 for slot in admitted.slots.values():
                     slot.stop()
-            self.idle.clear()
+            if self.idle is not None:
+                self.idle.clear()
             self.writer.stop()
         self.writer.wait()
         self.staging.tidy()
