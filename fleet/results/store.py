@@ -138,7 +138,7 @@ class RunStore:
         # Dictionaries for the string columns only: on logprobs and top-k lists they cost time and
         # bytes (a tokens shard: 20 % faster to write, 30 % smaller; docs/measurements.md).
         # Statistics only where a filter can use them (keys, ids, positions, counts): a file's
-        # min and max of logprobs or of top-k list items prune nothing and cost ~15 % of the write.
+        # min and max of logprobs or of top-k list items prune nothing and cost ~4 % of the write.
         options = {
             "compression": "zstd",
             "compression_level": 1,

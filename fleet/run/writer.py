@@ -28,7 +28,7 @@ _KEEP_FREED = {_M_MMAP_THRESHOLD: 32 << 20, _M_TRIM_THRESHOLD: 256 << 20}  # 32 
 
 def keep_freed_memory() -> bool:
     """Have glibc's malloc keep the memory this process frees, for its next allocation, rather than
-    hand it back to the kernel: summarising a shard makes and drops ~100 numpy arrays of up to a few MB,
+    hand it back to the kernel: summarising a shard makes and drops dozens of numpy arrays of 0.25-1.3 MB,
     and by default each comes from a fresh mmap whose pages fault in one by one (2,800 faults a
     shard of 32,000 rows, a third of the step's CPU on this VM; docs/measurements.md). Arrays
     above 32 MiB are still mapped and unmapped. Process-wide, once; no effect but on glibc;
