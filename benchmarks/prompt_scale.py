@@ -105,7 +105,9 @@ def stages(tmp: Path, *, prompts: int, tokens: int) -> dict[str, float]:
     from fleet.results import prompt_rows
     from fleet.results.direct import join_scores
     from fleet.results.store import RunStore
+    from fleet.run.writer import keep_freed_memory
 
+    keep_freed_memory()  # as the driver's writer has it (benchmarks/driver_steps.py: with and without)
     model = ResolvedModel(ModelSpec(name="m", source=SyntheticSource()), tmp, "w" * 16, None)
     sampling = Sampling(max_tokens=tokens, logprobs=5)
     cand = TestDoubleEngine(TestDoubleArgs(name="cand", logprob_shift=0.01), model, sampling=sampling)

@@ -54,9 +54,9 @@ def summarize(tokens: pa.Table) -> pa.Table:
     if per_row is None:  # what the arrays cannot say exactly (a NaN, a null inside a list...)
         per_row = _per_row_expressions(tokens, k)
     table = _per_prompt(tokens, per_row, starts)
-    # Prompts in key order (a sort's); the keys are unique, so any sort gives this one order.
-    keys = pl.from_arrow(table.select(PROMPT))
-    order = keys.select(pl.arg_sort_by(PROMPT)).to_series().to_arrow()  # type: ignore[union-attr]
+    # Prompts in key order (a sort's); the keys are unique, so any sort gives this one order
+    # (Arrow's: strings by their bytes, as Polars compares them, a null key first as Polars puts it).
+    order = pc.sort_indices(table.select(PROMPT), [(name, "ascending", "at_start") for name in PROMPT])
     return schema.conform(table.take(order), schema.PROMPT_STATS)
 
 
@@ -76,8 +76,9 @@ def _runs(tokens: pa.Table) -> np.ndarray | None:
     if not (new[1:] | (np.diff(position) > 0)).all():
         return None
     starts = np.flatnonzero(new)
-    firsts = zip(*(tokens.column(name).take(pa.array(starts)).to_pylist() for name in PROMPT), strict=True)
-    return starts if len(set(firsts)) == len(starts) else None
+    firsts = pl.from_arrow(tokens.select(PROMPT).take(pa.array(starts)))
+    assert isinstance(firsts, pl.DataFrame)  # a Table always converts to a DataFrame
+    return None if firsts.is_duplicated().any() else starts  # a prompt in two runs: not grouped
 
 
 def _per_row_expressions(tokens: pa.Table, k: int) -> dict[str, pa.Array]:

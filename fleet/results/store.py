@@ -137,7 +137,14 @@ class RunStore:
         inside(self.root, path, what=f"{table} rows of {shard_id[:200]}", local=self.local)
         # Dictionaries for the string columns only: on logprobs and top-k lists they cost time and
         # bytes (a tokens shard: 20 % faster to write, 30 % smaller; docs/measurements.md).
-        options = {"compression": "zstd", "compression_level": 1, "use_dictionary": _strings(data.schema)}
+        # Statistics only where a filter can use them (keys, ids, positions, counts): a file's
+        # min and max of logprobs or of top-k list items prune nothing and cost ~4 % of the write.
+        options = {
+            "compression": "zstd",
+            "compression_level": 1,
+            "use_dictionary": _strings(data.schema),
+            "write_statistics": _filtered(data.schema),
+        }
         if self.local:  # straight to the temp file: no in-memory copy of a big shard
             tmp = self._temp(path)
             pq.write_table(data, tmp, **options)
@@ -242,6 +249,11 @@ class RunStore:
 
 def _strings(columns: pa.Schema) -> list[str]:
     return [f.name for f in columns if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+
+
+def _filtered(columns: pa.Schema) -> list[str]:
+    """The columns a reader filters on: every one but floats and lists."""
+    return [f.name for f in columns if not (pa.types.is_floating(f.type) or pa.types.is_nested(f.type))]
 
 
 def _layout(table: str, shard_id: str, weights: str) -> list[str]:
