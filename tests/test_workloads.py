@@ -213,6 +213,15 @@ def test_trace_rows_and_errors_name_file_line_and_field(tmp_path: Path) -> None:
                 {"name": "t", "concurrency": [1], "trace": "t.jsonl", "output_tokens": 4, "num_requests": 1} | pattern,
                 context={"base_dir": tmp_path},
             )
+    # Gaps asked of a schedule that has none: refused, not ignored.
+    traced = {"trace": "t.jsonl", "output_tokens": 4}
+    for source, sends in ((traced, "at the trace's own offsets"), ({"input_tokens": 8}, "closed loop")):
+        for gaps in ({"arrival": "constant"}, {"burstiness": 0.5}, {"arrival": "random", "burstiness": 2.0}):
+            with pytest.raises(ValidationError, match=f"shape the gaps of request_rate, ramp or sweep; .*{sends}"):
+                Scenario.model_validate(
+                    {"name": "t", "concurrency": [1], "num_requests": 1, "output_tokens": 4} | source | gaps,
+                    context={"base_dir": tmp_path},
+                )
 
 
 class StubServer:

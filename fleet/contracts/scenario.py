@@ -242,6 +242,12 @@ class Scenario(Strict):
         if self.trace is not None and (self.request_rate is not None or self.ramp is not None or self.sweep):
             msg = "a trace's requests are due at the trace's own offsets: unset request_rate, ramp and sweep"
             raise ValueError(msg)
+        gaps = sorted({"arrival", "burstiness"} & self.model_fields_set)
+        if gaps and self.request_rate is None and self.ramp is None and self.sweep is None:
+            # Otherwise ignored without a word: a closed loop sends on answers, a trace at its own times.
+            sends = "at the trace's own offsets" if self.trace is not None else "closed loop, each on an answer"
+            msg = f"{' and '.join(gaps)} shape the gaps of request_rate, ramp or sweep; this scenario sends {sends}"
+            raise ValueError(msg)
         if self.multi_turn is not None and (self.clients > 1 or self.sweep is not None):
             msg = (
                 "multi_turn sends each turn after the previous one is answered, within one client's run: "
