@@ -50,13 +50,11 @@ def interval(
     n_prompts = int(prompt.max()) + 1
     rng = np.random.default_rng(seed)
     if len(cand) <= EXACT_MAX_VALUES:
-        c_sorted, t_sorted = _Sorted(cand, prompt), _Sorted(twin, prompt) if twin is not None else None
-        ratios = []
-        for _ in range(resamples):
-            drawn = draw(rng, n_prompts)
-            c = c_sorted.quantile(drawn, quantile)
-            t = t_sorted.quantile(drawn, quantile) if t_sorted is not None else twin_p99
-            ratios.append(c / (t * allowance) if t > 0 else np.inf)
+        # Every resample at once (the draws one seed gives, one by one): a loop over them cost a
+        # third of a second of Python per report, in parity vs load's small levels.
+        drawn = draws(rng, n_prompts, resamples)
+        c_q = resampled_quantiles(cand, prompt, drawn, quantile)
+        t_q = resampled_quantiles(twin, prompt, drawn, quantile) if twin is not None else np.full(resamples, twin_p99)
     else:
         blocks = prompt % BLOCKS if n_prompts > BLOCKS else prompt
         units = min(n_prompts, BLOCKS)
@@ -67,8 +65,8 @@ def interval(
             if twin is not None
             else np.full(resamples, twin_p99)
         )
-        with np.errstate(divide="ignore"):
-            ratios = list(np.where(t_q > 0, c_q / (t_q * allowance), np.inf))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(t_q > 0, c_q / (t_q * allowance), np.inf)
     low, high = np.quantile(ratios, [0.025, 0.975])
     return float(low), float(high)
 
@@ -123,8 +121,9 @@ def draws(rng: np.random.Generator, units: int, resamples: int) -> np.ndarray:
 
 def resampled_quantiles(values: np.ndarray, unit: np.ndarray, drawn: np.ndarray, quantile: float) -> np.ndarray:
     """The `quantile` of `values` in each resample of units (`drawn` from `draws`; `unit` codes the
-    unit of each value; NaN for a resample that drew none): `_Sorted.quantile` for many resamples
-    at once, in chunks of about _CHUNK cells, the same order statistics and interpolation."""
+    unit of each value; NaN for a resample that drew none), many resamples at once, in chunks of
+    about _CHUNK cells: the order statistics and interpolation of numpy.quantile's "linear" method
+    on the resample's values, read off the cumulative counts of the values sorted once."""
     out = np.full(len(drawn), np.nan)
     if not len(values):
         return out
@@ -154,23 +153,6 @@ def _lerp(a: float, b: float, t: float) -> float:
     """numpy's interpolation between neighbouring order statistics (its two-sided form)."""
     diff = b - a
     return float(b - diff * (1 - t)) if t >= 0.5 else float(a + diff * t)
-
-
-class _Sorted:
-    """Values sorted once, with the prompt of each: quantiles of any resample of prompts."""
-
-    def __init__(self, values: np.ndarray, prompt: np.ndarray) -> None:
-        order = np.argsort(values, kind="stable")
-        self.values, self.prompt = values[order], prompt[order]
-
-    def quantile(self, drawn: np.ndarray, quantile: float) -> float:
-        counts = np.cumsum(drawn[self.prompt])  # how many resampled values are <= each sorted value
-        total = int(counts[-1])
-        index = _virtual_index(total, quantile)
-        below = int(np.floor(index))
-        lo_rank, hi_rank = min(max(below, 0), total - 1), min(max(below + 1, 0), total - 1)
-        lo, hi = np.searchsorted(counts, [lo_rank, hi_rank], side="right")
-        return _lerp(self.values[lo], self.values[hi], index - below)
 
 
 def log_bins(values: np.ndarray) -> np.ndarray:
@@ -216,7 +198,7 @@ class _Binned:
         self.floor = float(self.low[1]) if width > 1 else 0.0
 
     def quantiles(self, draws: np.ndarray, quantile: float) -> np.ndarray:
-        """Every resample's quantile at once: `_Sorted.quantile`'s ranks and interpolation, on bins."""
+        """Every resample's quantile at once: `resampled_quantiles`' ranks and interpolation, on bins."""
         counts = np.cumsum(draws.astype(float) @ self.hist, axis=1)
         total = counts[:, -1].astype(np.int64)
         index = _virtual_index(total, quantile)

@@ -131,7 +131,7 @@ class RunReport:
         # One row per run of a level; a sweep's probes (probe > 0) go to its own section, not the levels'.
         runs = perf_summary(t["perf_requests"], t["perf_levels"], slos(info)) if t["perf_levels"].height else None
         swept = {s["name"]: s["sweep"]["min_share"] for s in info.perf if s.get("sweep")}
-        load = _load_parity(t, requests, tokens, ref, spec, parity)
+        load = _load_parity(run_dir, t, requests, tokens, ref, spec, parity, stats=use_stats)
         compared = _consistency(requests, tokens, parity, variants) if variants else None
         report = cls(
             run_dir=run_dir,
@@ -251,18 +251,27 @@ class RunReport:
 
 
 def _load_parity(
+    run_dir: str | Path,
     t: dict[str, pl.DataFrame],
     requests: pl.DataFrame,
-    tokens: pl.LazyFrame,
+    whole: pl.LazyFrame,
     ref: str,
     spec: NoiseSpec,
     parity: pl.DataFrame,
+    *,
+    stats: bool,
 ) -> tuple[pl.DataFrame, pl.DataFrame] | None:
     """Parity vs load and its prompts (None: no scenario with `parity:` ran), judged with each
-    target's parity noise."""
+    target's parity noise. `whole`: the tokens table; `stats`: prompt_stats covers it."""
     if not t["load_requests"].height:
         return None
     noise = parity.select("model", "target", "noise") if "noise" in parity.columns else None
+    # The reference's rows of the load prompts, from the tokens files that hold them (prompt_stats,
+    # written beside each, says which), not a scan of the key columns of every token row.
+    keys = load_parity.reference_requests(t["load_requests"], requests, ref).select(_PROMPT)
+    where = load_parity.reference_rows(keys, ref)
+    narrowed = reader.narrowed(run_dir, "tokens", index="prompt_stats", where=where) if stats else None
+    tokens = whole if narrowed is None else narrowed
     return load_parity.evaluate(t["load_requests"], t["load_tokens"], requests, tokens, ref, spec=spec, noise=noise)
 
 
