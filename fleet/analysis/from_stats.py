@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from fleet.analysis import aligned, bootstrap, divergence, noise_model, parity
+from fleet.analysis import aligned, bootstrap, divergence, key_order, noise_model, parity
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.analysis.parity import CAND, PROMPT, RUN
 
@@ -83,6 +83,7 @@ class Pairs:
     cand_row: np.ndarray  # per seq row, its cand and ref row (-1: none)
     ref_row: np.ndarray
     reference: str
+    one_to_one: bool = False  # every cand row is one seq row's (cand_row is a permutation of them)
 
     @classmethod
     def load(cls, requests: pl.DataFrame, stats: pl.LazyFrame, reference: str) -> Pairs:
@@ -90,7 +91,9 @@ class Pairs:
         # Keys joined alone; the id lists are compared where they lie, by row (a join, sort or
         # gather carrying the lists would copy every output token).
         keys = requests.select(*CAND).with_row_index("_c")
-        keys = keys.filter(~is_ref).join(keys.filter(is_ref).select(*PROMPT, _r="_c"), on=PROMPT).sort(CAND)
+        keys = key_order.sort_by(
+            keys.filter(~is_ref).join(keys.filter(is_ref).select(*PROMPT, _r="_c"), on=PROMPT), CAND
+        )
         ids = aligned.Lists(requests["output_token_ids"])
         cand_rows, ref_rows = keys["_c"].to_numpy().astype(np.int64), keys["_r"].to_numpy().astype(np.int64)
         seq = parity.sequences_of(keys.select(CAND), aligned.compare_rows(ids, cand_rows, ref_rows))
@@ -102,10 +105,11 @@ class Pairs:
         del ids
         cand = stats.filter(~is_ref).select(*CAND, *_CAND_COLUMNS).with_row_index("_file_row").collect()
         # Runs of one (model, target) under two weight directories would interleave: then sort them together.
-        if cand.select(pl.struct(RUN).rle_id().n_unique()).item() != cand.select(pl.struct(RUN).n_unique()).item():
+        heads = cand.select(RUN)[_run_starts(cand)]
+        if heads.n_unique() != heads.height:
             cand = cand.sort(RUN, maintain_order=True)
         # Each prompt's rank in key order within its candidate: the bootstrap's unit (noise_model.one).
-        order = cand.select(CAND).with_row_index("_c").sort(CAND)
+        order = key_order.sort_by(cand.select(CAND).with_row_index("_c"), CAND)
         first = _runs(order)["first"].to_numpy().astype(np.int64)
         rank = np.arange(order.height) - np.repeat(first, np.diff(np.append(first, order.height)))
         prompt = np.empty(order.height, dtype=np.int64)
@@ -113,11 +117,12 @@ class Pairs:
         cand = cand.with_columns(prompt=pl.Series(prompt))
         ref = stats.filter(is_ref).select(*PROMPT, "first_token_id", "logprobs").collect()
         keys = seq.select(CAND)
-        if order.select(CAND).equals(keys):  # nearly always: one stats row per paired prompt, no join
-            cand_rows = order["_c"].cast(pl.Int64).to_numpy()
-        else:  # prompts without token rows, or without the reference's
-            cand_rows = _rows_of(keys, cand.select(CAND), CAND)
-        return cls(seq, at_d, cand, ref, cand_rows, _rows_of(keys, ref.select(PROMPT), PROMPT), reference)
+        # Nearly always one stats row per paired prompt: no join (else prompts without token rows,
+        # or without the reference's).
+        one_to_one = order.select(CAND).equals(keys)
+        cand_rows = order["_c"].cast(pl.Int64).to_numpy() if one_to_one else _rows_of(keys, cand.select(CAND), CAND)
+        ref_rows = _rows_of(keys, ref.select(PROMPT), PROMPT)
+        return cls(seq, at_d, cand, ref, cand_rows, ref_rows, reference, one_to_one=one_to_one)
 
     def candidates(self) -> Iterator[tuple[str, str, int, int, int, int]]:
         """(model, target, first cand row, end, first seq row, end) of each candidate's blocks."""
@@ -134,28 +139,51 @@ def _rows_of(keys: pl.DataFrame, rows: pl.DataFrame, on: list[str]) -> np.ndarra
 def _runs(frame: pl.DataFrame) -> pl.DataFrame:
     """RUN, first and end row of each run of equal (model, target) in `frame`, where each candidate's
     rows lie together: found where the keys change, not by grouping every row on its strings."""
-    change = frame.select(pl.struct(RUN).rle_id()).to_series().to_numpy()
-    first = np.flatnonzero(np.diff(change, prepend=-1))
+    first = _run_starts(frame)
     # No rows (a target with parity off, judged before any candidate row): no run, not one ending at 0.
-    end = np.append(first[1:], len(change)).astype(np.int64) if len(change) else first
+    end = np.append(first[1:], frame.height).astype(np.int64) if frame.height else first
     return frame.select(RUN)[first].with_columns(
         first=pl.Series(first, dtype=pl.UInt32), end=pl.Series(end, dtype=pl.UInt32)
     )
 
 
+def _run_starts(frame: pl.DataFrame) -> np.ndarray:
+    """The rows where (model, target) differs from the row before (row 0 included), nulls equal to
+    nulls: each neighbour compared, no hashing of every row's strings."""
+    changed = pl.any_horizontal(pl.col(c).ne_missing(pl.col(c).shift()) for c in RUN)
+    starts = frame.select(changed.fill_null(True)).to_series().to_numpy()
+    if len(starts):
+        starts[0] = True
+    return np.flatnonzero(starts)
+
+
 def first_step(pairs: Pairs) -> pl.DataFrame:
     """parity.first_step: position 0 of both sides, from each prompt's first entries."""
-    cand0 = pairs.cand.lazy().filter(pl.col("first_token_id").is_not_null())
-    cand0 = cand0.select(
+    cand0 = pairs.cand.lazy().select(
         *CAND,
         cand_token_id="first_token_id",
         cand_logprob=pl.col("logprobs").list.first().cast(_F64),
         _tf_logprob=pl.col("ref_logprobs").list.first().cast(_F64),
         _tied="first_top1_tied",
     )
-    ref0 = pairs.ref.lazy().filter(pl.col("first_token_id").is_not_null())
-    ref0 = ref0.select(*PROMPT, ref_token_id="first_token_id", ref_logprob=pl.col("logprobs").list.first().cast(_F64))
-    return parity.first_step_of(cand0, ref0)
+    ref0 = pairs.ref.lazy().select(
+        *PROMPT, ref_token_id="first_token_id", ref_logprob=pl.col("logprobs").list.first().cast(_F64)
+    )
+    if not pairs.one_to_one:
+        have = pl.col("cand_token_id").is_not_null()
+        return parity.first_step_of(cand0.filter(have), ref0.filter(pl.col("ref_token_id").is_not_null()))
+    # Each seq row's candidate and reference rows are known: the join's pairs by gathers, already
+    # in key order (seq's), with no join or sort of string keys.
+    cand = cand0.collect()[pairs.cand_row]
+    paired = pl.concat([cand, _gathered(ref0.drop(PROMPT).collect(), pairs.ref_row)], how="horizontal")
+    both = pl.col("cand_token_id").is_not_null() & pl.col("ref_token_id").is_not_null()
+    return parity.first_step_figures(paired.lazy().filter(both)).collect()
+
+
+def _gathered(frame: pl.DataFrame, rows: np.ndarray) -> pl.DataFrame:
+    """frame's rows at `rows`, all null where a row is -1."""
+    found = frame[np.where(rows >= 0, rows, 0)] if frame.height else frame.clear(len(rows))
+    return found.select(pl.when(pl.Series(rows >= 0)).then(pl.all()))
 
 
 def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
@@ -275,10 +303,16 @@ def divergences(pairs: Pairs, stats: pl.LazyFrame, spec: NoiseSpec, table: pl.Da
         if wanted.size
         else pl.DataFrame(schema={"_seq": pl.UInt32, "_cand_topk": pl.List(pl.Int32)})
     )
-    frame = frame.with_row_index("_seq").join(lists.cast({"_seq": pl.UInt32}), on="_seq", how="left")
+    frame = frame.with_row_index("_seq").join(
+        lists.cast({"_seq": pl.UInt32}), on="_seq", how="left", maintain_order="left"
+    )
     unknown = pl.col("_cand_topk").list.contains(pl.col("ref_token"))
     frame = frame.with_columns(ref_in_cand_topk=pl.when(pl.Series(known)).then(pl.col("_known")).otherwise(unknown))
-    return divergence.classify(frame.lazy().join(divergence.thresholds(seq.lazy(), spec, table), on=RUN, how="left"))
+    thresholds = divergence.thresholds(seq.lazy(), spec, table)
+    # In seq's order, which is key order: classify need not sort again.
+    return divergence.classify(
+        frame.lazy().join(thresholds, on=RUN, how="left", maintain_order="left"), in_key_order=True
+    )
 
 
 def summary_of(per_prompt: pl.DataFrame, own: pl.DataFrame, table: pl.DataFrame) -> pl.DataFrame:
