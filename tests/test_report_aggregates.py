@@ -157,6 +157,42 @@ def test_block_bootstrap_agrees_with_the_prompt_bootstrap(seed: int, monkeypatch
     assert np.abs(blocks - exact).max() <= 0.05 * (exact[1] - exact[0]), (exact, blocks)
 
 
+def _binned_definition(values: np.ndarray, block: np.ndarray, units: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Per-block histograms as bootstrap._Binned defines them: each value's log bin; column 0 holds
+    the zeros and every bin under the pooled median's (the zeros alone when they are over half);
+    (histograms, each column's lowest value, whether column 0 is zeros alone)."""
+    bins = bootstrap.log_bins(values).astype(np.int64)
+    positive = np.sort(np.unique(bins[values.astype(np.float32) > 0]))
+    zeros = int((bins == bootstrap._ZERO_BIN).sum())
+    exact_zeros = zeros > len(values) * 0.5
+    if exact_zeros or not positive.size:
+        first = int(positive[0]) if positive.size else 0
+    else:
+        counts = np.array([zeros] + [int((bins == b).sum()) for b in positive])
+        first = int(positive[np.searchsorted(np.cumsum(counts), len(values) * 0.5, side="right") - 1])
+    column = np.maximum(bins - (first - 1), 0)
+    hist = np.zeros((units, int(column.max()) + 1))
+    np.add.at(hist, (block, column), 1)
+    low = np.exp2((first + np.arange(hist.shape[1]) - 1) / bootstrap.BINS_PER_OCTAVE)
+    return hist, low, exact_zeros
+
+
+@pytest.mark.parametrize("zeros", [0.0, 0.3, 0.7, 1.0])
+def test_block_histograms_are_their_definition(zeros: float) -> None:
+    """_Binned's one-pass histograms equal the definition: zeros under or over half the values,
+    none, all; values across 60 octaves, float32 denormals among them."""
+    rng = np.random.default_rng(3)
+    values = np.exp2(rng.uniform(-140, -80, 50_000)) * rng.random(50_000)
+    values[:25_000] = np.abs(rng.standard_t(3, 25_000)) * 0.05
+    values[rng.random(len(values)) < zeros] = 0.0
+    block = rng.integers(0, 37, len(values))
+    binned = bootstrap._Binned(values, block, 37)
+    hist, low, exact_zeros = _binned_definition(values, block, 37)
+    assert binned.exact_zeros == exact_zeros
+    np.testing.assert_array_equal(binned.hist, hist)
+    np.testing.assert_array_equal(binned.low, low)
+
+
 def test_quantile_is_numpys_bit_for_bit() -> None:
     """bootstrap.quantile selects among the values above a sampled bound: the same float as
     numpy.quantile, with ties, zeros, sorted input and the quantiles at either end."""

@@ -173,26 +173,34 @@ class _Binned:
 
     def __init__(self, values: np.ndarray, block: np.ndarray, units: int) -> None:
         bins = np.empty(len(values), dtype=np.int32)
+        lowest, highest = None, _ZERO_BIN  # the lowest positive bin, the highest bin
         for at in range(0, len(values), _CHUNK):  # in chunks: the temporaries stay small on a big run
-            bins[at : at + _CHUNK] = log_bins(values[at : at + _CHUNK])
-        # The median's bin, from the pooled histogram (zeros first), not from sorting the values;
-        # bins are counted from _ZERO_BIN, so the zeros are column 0 and no value is masked.
-        pooled = np.bincount(bins - _ZERO_BIN)
-        occupied = np.flatnonzero(pooled[1:])
-        lowest = int(occupied[0]) + 1 + _ZERO_BIN if occupied.size else 0  # the lowest positive bin
-        at_median = int(np.searchsorted(np.cumsum(pooled), len(values) * _FLOOR_QUANTILE, side="right"))
-        # Column 0 pools the zeros and every value under the median's bin; column j >= 1 is bin first + j - 1.
-        self.exact_zeros = at_median == 0  # then column 0 holds zeros alone, and its value is exact
-        first = lowest if self.exact_zeros else at_median + _ZERO_BIN
-        np.subtract(bins, first - 1, out=bins)
-        np.maximum(bins, 0, out=bins)  # now the column of each value (zeros fall below 1)
-        width = int(bins.max()) + 1
-        if units * width < 2**31:  # the cell of each value: block x width + column, in place
-            bins += block.astype(np.int32) * width
+            chunk = bins[at : at + _CHUNK]
+            chunk[:] = log_bins(values[at : at + _CHUNK])
+            highest = max(highest, int(chunk.max()))
+            positive = chunk[chunk > _ZERO_BIN]
+            if positive.size:
+                lowest = int(positive.min()) if lowest is None else min(lowest, int(positive.min()))
+        # One histogram per block over every bin from the lowest positive one up, the zeros in
+        # column 0 (one bincount pass); the pooled histogram is its column sums.
+        base = _ZERO_BIN if lowest is None else lowest - 1
+        span = highest - base + 1
+        np.maximum(bins, base, out=bins)
+        np.subtract(bins, base, out=bins)
+        if units * span < 2**31:  # the cell of each value: block x span + column, in place
+            bins += block.astype(np.int32) * span
             cells = bins
         else:
-            cells = block.astype(np.int64) * width + bins
-        self.hist = np.bincount(cells, minlength=units * width).reshape(units, width).astype(float)
+            cells = block.astype(np.int64) * span + bins
+        full = np.bincount(cells, minlength=units * span).reshape(units, span)
+        # The median's bin, from the pooled histogram (zeros first), not from sorting the values.
+        at_median = int(np.searchsorted(np.cumsum(full.sum(axis=0)), len(values) * _FLOOR_QUANTILE, side="right"))
+        # Column 0 pools the zeros and every value under the median's bin; column j >= 1 is bin first + j - 1.
+        self.exact_zeros = at_median == 0  # then column 0 holds zeros alone, and its value is exact
+        first = (0 if lowest is None else lowest) if self.exact_zeros else base + at_median
+        pooled_below = max(first - base, 1)  # full's columns pooled into column 0
+        self.hist = np.hstack([full[:, :pooled_below].sum(axis=1, keepdims=True), full[:, pooled_below:]]).astype(float)
+        width = self.hist.shape[1]
         bin_of = first + np.arange(width) - 1
         self.low, self.high = np.exp2(bin_of / BINS_PER_OCTAVE), np.exp2((bin_of + 1) / BINS_PER_OCTAVE)
         self.floor = float(self.low[1]) if width > 1 else 0.0

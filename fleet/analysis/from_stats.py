@@ -283,7 +283,7 @@ def divergences(pairs: Pairs, stats: pl.LazyFrame, spec: NoiseSpec, table: pl.Da
     # columns), streamed from the files by row number, so they are never all in memory.
     file_row = pairs.cand["_file_row"].to_numpy()
     flat = stats.filter(pl.col("target") != pairs.reference).select(_AT_DIVERGENCE).collect()  # in file order
-    value = {name: Flat(flat[name]).at(file_row[where], at) for name in _AT_DIVERGENCE}
+    value = _at_rows(flat, file_row[where], at)
     del flat
     known = (value["ref_top1_ids"].cast(pl.Int32) == ids["_ref_token"]).fill_null(False).to_numpy()
     frame = frame.with_columns(
@@ -313,6 +313,20 @@ def divergences(pairs: Pairs, stats: pl.LazyFrame, spec: NoiseSpec, table: pl.Da
     return divergence.classify(
         frame.lazy().join(thresholds, on=RUN, how="left", maintain_order="left"), in_key_order=True
     )
+
+
+def _at_rows(lists: pl.DataFrame, rows: np.ndarray, positions: np.ndarray) -> dict[str, pl.Series]:
+    """Per (row, position) pair, each list column's value there (null past its list, or where the
+    position is _NONE): one list.get per row of `lists` when no row is asked twice (the report's
+    case), without flattening every list."""
+    asked = positions != _NONE
+    if np.unique(rows[asked]).size != int(asked.sum()):  # a row asked at two positions
+        return {name: Flat(lists[name]).at(rows, positions) for name in lists.columns}
+    index = np.full(lists.height, -1, dtype=np.int64)
+    index[rows[asked]] = positions[asked]
+    at = pl.Series(index).replace(-1, None)
+    found = lists.select(pl.all().list.get(at, null_on_oob=True))
+    return {name: found[name].gather(rows).set(pl.Series(~asked), None) for name in lists.columns}
 
 
 def summary_of(per_prompt: pl.DataFrame, own: pl.DataFrame, table: pl.DataFrame) -> pl.DataFrame:
