@@ -44,7 +44,6 @@ class Flat:
         self.n = aligned.lengths(lists)
         self.start = np.concatenate([[0], np.cumsum(self.n)[:-1]]).astype(np.int64) if len(self.n) else self.n
         self.values = aligned.elements(lists)
-        self._numpy: np.ndarray | None = None  # the values as numpy, once taken
 
     def at(self, rows: np.ndarray, positions: np.ndarray, *, inside_lists: bool = False) -> pl.Series:
         """Values at (row, position) pairs; null where the position is past the row's list
@@ -56,15 +55,6 @@ class Flat:
             return pl.Series(self.values.name, dtype=self.values.dtype).extend_constant(None, len(rows))
         found = self.values.gather(np.where(inside, self.start[rows] + np.minimum(positions, self.n[rows] - 1), 0))
         return pl.select(pl.when(pl.Series(inside)).then(found)).to_series().alias(self.values.name)
-
-    def take(self, index: np.ndarray) -> pl.Series:
-        """The values at flat `index`, as float64: a numpy gather where no value is null (nulls
-        otherwise kept as nulls, by Polars)."""
-        if self.values.null_count():
-            return self.values.gather(index).cast(_F64)
-        if self._numpy is None:
-            self._numpy = self.values.to_numpy()
-        return pl.Series(self.values.name, self._numpy.take(index).astype(np.float64))
 
     def numbers(self, first: int, last: int) -> np.ndarray:
         """`rows` as numbers (float32 as stored, not copied where there is no null), NaN for nulls."""
@@ -264,14 +254,12 @@ def _prefix(pairs: Pairs, cand_lp: Flat, ref_lp: Flat, first_seq: int, end_seq: 
     n = np.where(has, np.minimum(np.minimum(cand_lp.n[c], ref_lp.n[r]), first), 0) if len(c) else c
     # Each side's flat index of each prefix position: its list's start, repeated over the prefix,
     # plus the position (the running count less the prefix's own start): repeats, no gathers per position.
-    # int32 where every flat index fits: half the bytes through memory of int64.
-    small = max(len(cand_lp.values), len(ref_lp.values)) < 2**31
-    n = n.astype(np.int32 if small else np.int64)
-    before = np.cumsum(n, dtype=np.int64) - n
-    index = np.arange(int(n.sum()), dtype=n.dtype)
-    cand_index = index + np.repeat((cand_lp.start[c] - before).astype(n.dtype), n)
-    index += np.repeat((ref_lp.start[r] - before).astype(n.dtype), n)
-    return pl.DataFrame({"_cand_lp": cand_lp.take(cand_index), "_ref_lp": ref_lp.take(index)})
+    n = n.astype(np.int64)
+    before = np.cumsum(n) - n
+    index = np.arange(int(n.sum()), dtype=np.int64)
+    cand_values = cand_lp.values.gather(index + np.repeat(cand_lp.start[c] - before, n)).cast(_F64)
+    index += np.repeat(ref_lp.start[r] - before, n)
+    return pl.DataFrame({"_cand_lp": cand_values, "_ref_lp": ref_lp.values.gather(index).cast(_F64)})
 
 
 def divergences(pairs: Pairs, stats: pl.LazyFrame, spec: NoiseSpec, table: pl.DataFrame) -> pl.DataFrame:
