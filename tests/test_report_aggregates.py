@@ -19,7 +19,7 @@ import pytest
 from polars.testing import assert_frame_equal
 from test_compare import DIVERGED, SAME, write_run
 
-from fleet.analysis import bootstrap, from_stats, parity
+from fleet.analysis import aligned, bootstrap, from_stats, parity
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.contracts import schema
 from fleet.report import model
@@ -222,6 +222,21 @@ def test_sequences_compare_lists_as_the_definition_says() -> None:
         ("d", False, 0, 0),
         ("e", True, 1, None),
     ]
+
+
+def test_compare_rows_is_the_position_by_position_definition() -> None:
+    """aligned.compare_rows on seeded lists (short alphabets: long shared prefixes, nulls, empty
+    lists, pairs in any order and rows used twice) equals the Python loop over positions."""
+    rng = np.random.default_rng(5)
+    lists = [None if rng.random() < 0.05 else list(rng.integers(0, 3, rng.integers(0, 12))) for _ in range(600)]
+    cand, ref = rng.permutation(600)[:300], rng.integers(0, 600, 300)
+    found = aligned.compare_rows(aligned.Lists(pl.Series(lists, dtype=pl.List(pl.Int32))), cand, ref)
+    for i, (c, r) in enumerate(zip(cand, ref, strict=True)):
+        a, b = lists[c] or [], lists[r] or []
+        same = [x == y for x, y in zip(a, b, strict=False)]
+        first = next((p for p, ok in enumerate(same) if not ok), len(same) if len(a) != len(b) else -1)
+        assert (found["tokens_matched"][i], found["first_divergence"][i]) == (sum(same), first), (a, b)
+        assert (found["n_cand"][i], found["n_ref"][i]) == (len(a), len(b))
 
 
 def test_candidate_blocks_of_no_rows_are_none() -> None:
