@@ -108,6 +108,23 @@ def test_prompt_stats_of_schema_4_report_the_same_figures(tmp_path: Path) -> Non
     assert_frame_equal(divergences_of(run, flat_lists=True), divergences_of(run, flat_lists=False))
 
 
+def test_prompts_without_a_request_pair_by_joins(tmp_path: Path) -> None:
+    """A candidate prompt with prompt_stats but no request row (a damaged or hand-edited run): its
+    stats rows are not one to one with the paired prompts, and the figures (first step included,
+    by a join then) are still those of the token rows."""
+    run = write_run(tmp_path / "gap", {"cand": DIVERGED, "cand2": SAME})
+    add_prompt_stats(run)
+    file = next(f for f in (run / "requests").glob("**/*.parquet") if "target=cand2" in str(f))
+    table = pq.read_table(file)
+    kept = pl.from_arrow(table).filter(pl.col("prompt_id") != "p1").to_arrow().cast(table.schema)
+    pq.write_table(kept, file)
+    info = reader.read_info(run)
+    scans = reader.load(run)
+    pairs = from_stats.Pairs.load(scans["requests"].collect(), scans["prompt_stats"], info.reference)
+    assert not pairs.one_to_one
+    assert_same_figures(run)
+
+
 def test_partial_prompt_stats_are_not_used(tmp_path: Path) -> None:
     """A run resumed across versions has prompt_stats for some shards only: the token rows decide."""
     run = write_run(tmp_path / "mixed", {"cand": DIVERGED})
