@@ -262,9 +262,17 @@ def _prefix(pairs: Pairs, cand_lp: Flat, ref_lp: Flat, first_seq: int, end_seq: 
     return pl.DataFrame({"_cand_lp": cand_values, "_ref_lp": ref_lp.values.gather(index).cast(_F64)})
 
 
-def divergences(pairs: Pairs, stats: pl.LazyFrame, spec: NoiseSpec, table: pl.DataFrame) -> pl.DataFrame:
+def at_divergence_lists(stats: pl.LazyFrame, reference: str) -> pl.DataFrame:
+    """The flat per-position lists `divergences` reads, of every candidate prompt in file order
+    (the caller may read them while other work runs: Polars decodes without holding the GIL)."""
+    return stats.filter(pl.col("target") != reference).select(_AT_DIVERGENCE).collect()
+
+
+def divergences(
+    pairs: Pairs, stats: pl.LazyFrame, spec: NoiseSpec, table: pl.DataFrame, *, lists: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """divergence.divergences: each candidate prompt's first divergence, classified from its lists
-    (`stats`: the scan `pairs` was loaded from)."""
+    (`stats`: the scan `pairs` was loaded from; `lists`: its at_divergence_lists, if read already)."""
     seq = pairs.seq
     d = seq["first_divergence"].fill_null(_NONE).to_numpy()
     c = pairs.cand_row
@@ -282,7 +290,8 @@ def divergences(pairs: Pairs, stats: pl.LazyFrame, spec: NoiseSpec, table: pl.Da
     # prompt_stats, are read only for the other divergences (and runs written before those
     # columns), streamed from the files by row number, so they are never all in memory.
     file_row = pairs.cand["_file_row"].to_numpy()
-    flat = stats.filter(pl.col("target") != pairs.reference).select(_AT_DIVERGENCE).collect()  # in file order
+    flat = at_divergence_lists(stats, pairs.reference) if lists is None else lists
+    del lists
     value = _at_rows(flat, file_row[where], at)
     del flat
     known = (value["ref_top1_ids"].cast(pl.Int32) == ids["_ref_token"]).fill_null(False).to_numpy()

@@ -17,6 +17,7 @@ import functools
 import json
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -366,8 +367,12 @@ def _from_stats(requests: pl.DataFrame, stats: pl.LazyFrame, ref: str, spec: Noi
     """The same figures from prompt_stats: prompts joined with prompts (fleet/analysis/from_stats.py)."""
     pairs = from_stats.Pairs.load(requests, stats, ref)
     first = from_stats.first_step(pairs)
-    parity, noise_table, own = from_stats.figures(pairs, first, spec)
-    per_prompt = from_stats.divergences(pairs, stats, spec, noise_table)
+    # The lists the divergences read are decoded while the per-candidate figures run in numpy, each
+    # on a core of its own (docs/measurements.md, "fleet report ..., third pass").
+    with ThreadPoolExecutor(1) as pool:
+        lists = pool.submit(from_stats.at_divergence_lists, stats, ref)
+        parity, noise_table, own = from_stats.figures(pairs, first, spec)
+        per_prompt = from_stats.divergences(pairs, stats, spec, noise_table, lists=lists.result())
     parity = parity.join(from_stats.summary_of(per_prompt, own, noise_table), on=["model", "target"], how="left")
     return parity, first, per_prompt, pairs.seq
 
