@@ -189,7 +189,6 @@ def _gathered(frame: pl.DataFrame, rows: np.ndarray) -> pl.DataFrame:
 def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(parity.parity, noise_model.summary, divergence.noise) from one pass over each candidate's lists."""
     lp, ref_lp, twin_lp = (Flat(pairs.cand[c]) for c in ("logprobs", "ref_logprobs", "twin_logprobs"))
-    ref_side = Flat(pairs.ref["logprobs"])
     prompt = pairs.cand["prompt"].to_numpy()
 
     def candidate(model: str, target: str, first_row: int, end: int, first_seq: int, end_seq: int) -> tuple[Row, Row]:
@@ -210,7 +209,7 @@ def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.Data
         if cand_diff.size and not nan:
             p99 = bootstrap.quantile(cand_diff, divergence.NOISE_QUANTILE)
             tf = dict(zip(_TF, map(float, (cand_diff.max(), cand_diff.mean(), p99)), strict=True))
-        prefix = _prefix(pairs, lp, ref_side, first_seq, end_seq).select(**parity.prefix_expressions())
+        prefix = _prefix(pairs, first_seq, end_seq).select(**parity.prefix_expressions())
         key = {"model": model, "target": target}
         if not cand_diff.size:  # nothing scored: no noise-model row, as from token rows
             return key | tf | prefix.row(0, named=True), None
@@ -244,22 +243,23 @@ def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.Data
 _TF = ["tf_max_abs_logprob_diff", "tf_mean_abs_logprob_diff", "tf_p99_abs_logprob_diff"]
 
 
-def _prefix(pairs: Pairs, cand_lp: Flat, ref_lp: Flat, first_seq: int, end_seq: int) -> pl.DataFrame:
+def _prefix(pairs: Pairs, first_seq: int, end_seq: int) -> pl.DataFrame:
     """(_cand_lp, _ref_lp) at every position of the common prefix of seq rows first_seq..end_seq-1,
     the pairs parity's join of token rows gives."""
     cand_row, ref_row = pairs.cand_row[first_seq:end_seq], pairs.ref_row[first_seq:end_seq]
     has = (cand_row >= 0) & (ref_row >= 0)
-    c, r = np.where(has, cand_row, 0), np.where(has, ref_row, 0)
     first = pairs.seq["first_divergence"][first_seq:end_seq].fill_null(_NONE).to_numpy()
-    n = np.where(has, np.minimum(np.minimum(cand_lp.n[c], ref_lp.n[r]), first), 0) if len(c) else c
-    # Each side's flat index of each prefix position: its list's start, repeated over the prefix,
-    # plus the position (the running count less the prefix's own start): repeats, no gathers per position.
-    n = n.astype(np.int64)
-    before = np.cumsum(n) - n
-    index = np.arange(int(n.sum()), dtype=np.int64)
-    cand_values = cand_lp.values.gather(index + np.repeat(cand_lp.start[c] - before, n)).cast(_F64)
-    index += np.repeat(ref_lp.start[r] - before, n)
-    return pl.DataFrame({"_cand_lp": cand_values, "_ref_lp": ref_lp.values.gather(index).cast(_F64)})
+    # Each side's lists in seq order, cut to the prefix and flattened: whole lists are copied at
+    # once (a third faster at 100M token rows than gathering each position by a flat index).
+    cand = pairs.cand["logprobs"].gather(np.where(has, cand_row, 0))
+    ref = pairs.ref["logprobs"].gather(np.where(has, ref_row, 0))
+    n = np.minimum(aligned.lengths(cand), aligned.lengths(ref))
+    n = np.where(has, np.minimum(n, first), 0) if len(n) else n
+    frame = pl.DataFrame({"_cand_lp": cand, "_ref_lp": ref, "_n": pl.Series(n, dtype=pl.Int64)})
+    return frame.select(
+        pl.col(side).list.head(pl.col("_n")).explode(empty_as_null=False, keep_nulls=False).cast(_F64)
+        for side in ("_cand_lp", "_ref_lp")
+    )
 
 
 def at_divergence_lists(stats: pl.LazyFrame, reference: str) -> pl.DataFrame:
