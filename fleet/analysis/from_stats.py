@@ -334,7 +334,7 @@ def _at_rows(lists: pl.DataFrame, rows: np.ndarray, positions: np.ndarray) -> di
     index = np.full(lists.height, -1, dtype=np.int64)
     index[rows[asked]] = positions[asked]
     at = pl.Series(index).replace(-1, None)
-    found = lists.select(pl.all().list.get(at, null_on_oob=True))
+    found = lists.select(pl.all().list.get(pl.lit(at), null_on_oob=True))
     return {name: found[name].gather(rows).set(pl.Series(~asked), None) for name in lists.columns}
 
 
