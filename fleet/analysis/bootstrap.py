@@ -198,9 +198,12 @@ class _Binned:
         # Column 0 pools the zeros and every value under the median's bin; column j >= 1 is bin first + j - 1.
         self.exact_zeros = at_median == 0  # then column 0 holds zeros alone, and its value is exact
         first = (0 if lowest is None else lowest) if self.exact_zeros else base + at_median
-        pooled_below = max(first - base, 1)  # full's columns pooled into column 0
-        self.hist = np.hstack([full[:, :pooled_below].sum(axis=1, keepdims=True), full[:, pooled_below:]]).astype(float)
-        width = self.hist.shape[1]
+        pooled_below = min(max(first - base, 1), span)  # full's columns pooled into column 0
+        width = span - pooled_below + 1
+        self.hist = np.empty((units, width))  # filled in place: full may be thousands of bins wide
+        np.sum(full[:, :pooled_below], axis=1, out=self.hist[:, 0])
+        self.hist[:, 1:] = full[:, pooled_below:]
+        del full
         bin_of = first + np.arange(width) - 1
         self.low, self.high = np.exp2(bin_of / BINS_PER_OCTAVE), np.exp2((bin_of + 1) / BINS_PER_OCTAVE)
         self.floor = float(self.low[1]) if width > 1 else 0.0
