@@ -19,7 +19,7 @@ import pytest
 from polars.testing import assert_frame_equal
 from test_compare import DIVERGED, SAME, write_run
 
-from fleet.analysis import aligned, bootstrap, from_stats, parity
+from fleet.analysis import aligned, bootstrap, from_stats, parity, stats_divergences
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.contracts import schema
 from fleet.report import model
@@ -55,7 +55,7 @@ def test_engine_run_figures_from_prompt_stats_equal_token_figures(engine_run: Pa
 
 
 def divergences_of(run: Path, *, flat_lists: bool) -> pl.DataFrame:
-    """from_stats.divergences; without `flat_lists`, as on a run of schema 4 (no ref_top1_ids nor
+    """stats_divergences.divergences; without `flat_lists`, as on a run of schema 4 (no ref_top1_ids nor
     ref_top1_in_topk): every divergence then reads the candidate's top-k list there."""
     info = reader.read_info(run)
     scans = reader.load(run)
@@ -65,7 +65,7 @@ def divergences_of(run: Path, *, flat_lists: bool) -> pl.DataFrame:
         stats = stats.with_columns(pl.lit(None, dtype).alias(name) for name, dtype in nulls.items())
     pairs = from_stats.Pairs.load(requests, stats, info.reference)
     _, table, _ = from_stats.figures(pairs, from_stats.first_step(pairs), spec)
-    return from_stats.divergences(pairs, stats, spec, table)
+    return stats_divergences.divergences(pairs, stats, spec, table)
 
 
 def test_engine_run_divergences_from_flat_lists_equal_those_from_topk_lists(engine_run: Path) -> None:

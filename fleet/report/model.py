@@ -33,6 +33,7 @@ from fleet.analysis import (
     noise_model,
     parity_resample,
     probes,
+    stats_divergences,
 )
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
@@ -370,10 +371,10 @@ def _from_stats(requests: pl.DataFrame, stats: pl.LazyFrame, ref: str, spec: Noi
     # The lists the divergences read are decoded while the per-candidate figures run in numpy, each
     # on a core of its own (docs/measurements.md, "fleet report ..., third pass").
     with ThreadPoolExecutor(1) as pool:
-        lists = pool.submit(from_stats.at_divergence_lists, stats, ref)
+        lists = pool.submit(stats_divergences.at_divergence_lists, stats, ref)
         parity, noise_table, own = from_stats.figures(pairs, first, spec)
-        per_prompt = from_stats.divergences(pairs, stats, spec, noise_table, lists=lists.result())
-    parity = parity.join(from_stats.summary_of(per_prompt, own, noise_table), on=["model", "target"], how="left")
+        per_prompt = stats_divergences.divergences(pairs, stats, spec, noise_table, lists=lists.result())
+    parity = parity.join(stats_divergences.summary_of(per_prompt, own, noise_table), on=["model", "target"], how="left")
     return parity, first, per_prompt, pairs.seq
 
 
