@@ -5,6 +5,7 @@ Polars alone, by the rule docs/load-parity.md states, not by the functions the r
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import polars as pl
@@ -165,3 +166,29 @@ def test_parity_vs_load_reads_the_reference_rows_of_the_load_prompts_only(
     assert unmatched.select(LEVEL).rows() == full.select(LEVEL).rows()
     assert unmatched["real_divergences"].is_null().all() and unmatched["tf_p99_abs_logprob_diff"].is_null().all()
     assert unmatched["paths_changed_vs_solo"].to_list() == full["paths_changed_vs_solo"].to_list()  # load vs solo
+
+
+def test_the_reference_rows_of_the_load_prompts_come_from_the_files_that_hold_them(
+    engine_run: Path, tables: dict[str, pl.DataFrame], tmp_path: Path
+) -> None:
+    """The report reads the reference's rows of the load prompts from the tokens files whose
+    prompt_stats twin lists them (reader.narrowed), not from a scan of every token row: the same
+    rows, from fewer files; a run without prompt_stats beside its tokens gets no narrowed scan."""
+    keys = load_parity.reference_requests(tables["load_requests"], tables["requests"], REF).select(
+        "model", "prompt_set", "prompt_id"
+    )
+    where = load_parity.reference_rows(keys, REF)
+    narrowed = reader.narrowed(engine_run, "tokens", index="prompt_stats", where=where)
+    assert narrowed is not None
+    order = ["target", "prompt_set", "prompt_id", "position"]
+    found = narrowed.filter(where).collect().sort(order)
+    assert found.height
+    assert_frame_equal(found, tables["tokens"].filter(where).sort(order))
+    files = {f.name for f in (engine_run / "tokens").rglob("*.parquet") if f"target={REF}" in str(f)}
+    read = narrowed.select(pl.len()).collect().item()
+    assert read < tables["tokens"].filter(pl.col("target") == REF).height and len(files) > 1
+    # Without prompt_stats beside every tokens file (a run from before them): the caller scans it all.
+    older = tmp_path / "older"
+    shutil.copytree(engine_run, older)
+    next(older.joinpath("prompt_stats").rglob("*.parquet")).unlink()
+    assert reader.narrowed(older, "tokens", index="prompt_stats", where=where) is None

@@ -19,7 +19,7 @@ import pytest
 from polars.testing import assert_frame_equal
 from test_compare import DIVERGED, SAME, write_run
 
-from fleet.analysis import bootstrap, from_stats, parity
+from fleet.analysis import aligned, bootstrap, from_stats, parity, stats_divergences
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.contracts import schema
 from fleet.report import model
@@ -55,7 +55,7 @@ def test_engine_run_figures_from_prompt_stats_equal_token_figures(engine_run: Pa
 
 
 def divergences_of(run: Path, *, flat_lists: bool) -> pl.DataFrame:
-    """from_stats.divergences; without `flat_lists`, as on a run of schema 4 (no ref_top1_ids nor
+    """stats_divergences.divergences; without `flat_lists`, as on a run of schema 4 (no ref_top1_ids nor
     ref_top1_in_topk): every divergence then reads the candidate's top-k list there."""
     info = reader.read_info(run)
     scans = reader.load(run)
@@ -65,7 +65,7 @@ def divergences_of(run: Path, *, flat_lists: bool) -> pl.DataFrame:
         stats = stats.with_columns(pl.lit(None, dtype).alias(name) for name, dtype in nulls.items())
     pairs = from_stats.Pairs.load(requests, stats, info.reference)
     _, table, _ = from_stats.figures(pairs, from_stats.first_step(pairs), spec)
-    return from_stats.divergences(pairs, stats, spec, table)
+    return stats_divergences.divergences(pairs, stats, spec, table)
 
 
 def test_engine_run_divergences_from_flat_lists_equal_those_from_topk_lists(engine_run: Path) -> None:
@@ -106,6 +106,23 @@ def test_prompt_stats_of_schema_4_report_the_same_figures(tmp_path: Path) -> Non
     assert schema.SCHEMA_VERSION != 4
     assert_same_figures(run)
     assert_frame_equal(divergences_of(run, flat_lists=True), divergences_of(run, flat_lists=False))
+
+
+def test_prompts_without_a_request_pair_by_joins(tmp_path: Path) -> None:
+    """A candidate prompt with prompt_stats but no request row (a damaged or hand-edited run): its
+    stats rows are not one to one with the paired prompts, and the figures (first step included,
+    by a join then) are still those of the token rows."""
+    run = write_run(tmp_path / "gap", {"cand": DIVERGED, "cand2": SAME})
+    add_prompt_stats(run)
+    file = next(f for f in (run / "requests").glob("**/*.parquet") if "target=cand2" in str(f))
+    table = pq.read_table(file)
+    kept = pl.from_arrow(table).filter(pl.col("prompt_id") != "p1").to_arrow().cast(table.schema)
+    pq.write_table(kept, file)
+    info = reader.read_info(run)
+    scans = reader.load(run)
+    pairs = from_stats.Pairs.load(scans["requests"].collect(), scans["prompt_stats"], info.reference)
+    assert not pairs.one_to_one
+    assert_same_figures(run)
 
 
 def test_partial_prompt_stats_are_not_used(tmp_path: Path) -> None:
@@ -157,6 +174,42 @@ def test_block_bootstrap_agrees_with_the_prompt_bootstrap(seed: int, monkeypatch
     assert np.abs(blocks - exact).max() <= 0.05 * (exact[1] - exact[0]), (exact, blocks)
 
 
+def _binned_definition(values: np.ndarray, block: np.ndarray, units: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Per-block histograms as bootstrap._Binned defines them: each value's log bin; column 0 holds
+    the zeros and every bin under the pooled median's (the zeros alone when they are over half);
+    (histograms, each column's lowest value, whether column 0 is zeros alone)."""
+    bins = bootstrap.log_bins(values).astype(np.int64)
+    positive = np.sort(np.unique(bins[values.astype(np.float32) > 0]))
+    zeros = int((bins == bootstrap._ZERO_BIN).sum())
+    exact_zeros = zeros > len(values) * 0.5
+    if exact_zeros or not positive.size:
+        first = int(positive[0]) if positive.size else 0
+    else:
+        counts = np.array([zeros] + [int((bins == b).sum()) for b in positive])
+        first = int(positive[np.searchsorted(np.cumsum(counts), len(values) * 0.5, side="right") - 1])
+    column = np.maximum(bins - (first - 1), 0)
+    hist = np.zeros((units, int(column.max()) + 1))
+    np.add.at(hist, (block, column), 1)
+    low = np.exp2((first + np.arange(hist.shape[1]) - 1) / bootstrap.BINS_PER_OCTAVE)
+    return hist, low, exact_zeros
+
+
+@pytest.mark.parametrize("zeros", [0.0, 0.3, 0.7, 1.0])
+def test_block_histograms_are_their_definition(zeros: float) -> None:
+    """_Binned's one-pass histograms equal the definition: zeros under or over half the values,
+    none, all; values across 60 octaves, float32 denormals among them."""
+    rng = np.random.default_rng(3)
+    values = np.exp2(rng.uniform(-140, -80, 50_000)) * rng.random(50_000)
+    values[:25_000] = np.abs(rng.standard_t(3, 25_000)) * 0.05
+    values[rng.random(len(values)) < zeros] = 0.0
+    block = rng.integers(0, 37, len(values))
+    binned = bootstrap._Binned(values, block, 37)
+    hist, low, exact_zeros = _binned_definition(values, block, 37)
+    assert binned.exact_zeros == exact_zeros
+    np.testing.assert_array_equal(binned.hist, hist)
+    np.testing.assert_array_equal(binned.low, low)
+
+
 def test_quantile_is_numpys_bit_for_bit() -> None:
     """bootstrap.quantile selects among the values above a sampled bound: the same float as
     numpy.quantile, with ties, zeros, sorted input and the quantiles at either end."""
@@ -186,6 +239,21 @@ def test_sequences_compare_lists_as_the_definition_says() -> None:
         ("d", False, 0, 0),
         ("e", True, 1, None),
     ]
+
+
+def test_compare_rows_is_the_position_by_position_definition() -> None:
+    """aligned.compare_rows on seeded lists (short alphabets: long shared prefixes, nulls, empty
+    lists, pairs in any order and rows used twice) equals the Python loop over positions."""
+    rng = np.random.default_rng(5)
+    lists = [None if rng.random() < 0.05 else list(rng.integers(0, 3, rng.integers(0, 12))) for _ in range(600)]
+    cand, ref = rng.permutation(600)[:300], rng.integers(0, 600, 300)
+    found = aligned.compare_rows(aligned.Lists(pl.Series(lists, dtype=pl.List(pl.Int32))), cand, ref)
+    for i, (c, r) in enumerate(zip(cand, ref, strict=True)):
+        a, b = lists[c] or [], lists[r] or []
+        same = [x == y for x, y in zip(a, b, strict=False)]
+        first = next((p for p, ok in enumerate(same) if not ok), len(same) if len(a) != len(b) else -1)
+        assert (found["tokens_matched"][i], found["first_divergence"][i]) == (sum(same), first), (a, b)
+        assert (found["n_cand"][i], found["n_ref"][i]) == (len(a), len(b))
 
 
 def test_candidate_blocks_of_no_rows_are_none() -> None:

@@ -77,14 +77,21 @@ _ROWS = 1 << 16  # pairs compared at a time: the per-position arrays stay a few 
 def _compare(lists: Lists, cand_rows: np.ndarray, ref_rows: np.ndarray) -> dict[str, np.ndarray]:
     n_cand, n_ref = lists.n[cand_rows], lists.n[ref_rows]
     shorter = np.minimum(n_cand, n_ref)
-    row, position = common(shorter)
+    # Each side's flat index of each compared position: its list's start, repeated over the
+    # shorter length, plus the running count less the pair's own start (no row or position arrays).
+    before = np.cumsum(shorter) - shorter
+    index = np.arange(int(shorter.sum()), dtype=np.int64)
     ids = lists.values
-    same = ids[lists.start[cand_rows][row] + position] == ids[lists.start[ref_rows][row] + position]
-    matched = np.bincount(row, weights=same, minlength=len(shorter)).astype(np.int64)
+    cand_ids = ids[index + np.repeat(lists.start[cand_rows] - before, shorter)]
+    index += np.repeat(lists.start[ref_rows] - before, shorter)
+    differ = cand_ids != ids[index]
+    del cand_ids, index
+    # Per pair, the differing positions before its start and up to its end, by one running count.
+    count = np.concatenate([[0], np.cumsum(differ)])
+    n_differ = count[before + shorter] - count[before]
+    matched = (shorter - n_differ).astype(np.int64)
     first = np.where(n_cand != n_ref, shorter, -1)
-    differ = np.flatnonzero(~same)
-    if differ.size:  # positions are in row order, so the first hit of each row is its earliest
-        rows = row[differ]
-        earliest = np.concatenate([[True], rows[1:] != rows[:-1]])
-        first[rows[earliest]] = position[differ[earliest]]
+    some = np.flatnonzero(n_differ > 0)
+    # The first differing position of a pair: where the running count first passes its value at the start.
+    first[some] = np.searchsorted(count, count[before[some]] + 1) - 1 - before[some]
     return {"n_cand": n_cand, "n_ref": n_ref, "tokens_matched": matched, "first_divergence": first}

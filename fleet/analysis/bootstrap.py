@@ -50,13 +50,11 @@ def interval(
     n_prompts = int(prompt.max()) + 1
     rng = np.random.default_rng(seed)
     if len(cand) <= EXACT_MAX_VALUES:
-        c_sorted, t_sorted = _Sorted(cand, prompt), _Sorted(twin, prompt) if twin is not None else None
-        ratios = []
-        for _ in range(resamples):
-            drawn = draw(rng, n_prompts)
-            c = c_sorted.quantile(drawn, quantile)
-            t = t_sorted.quantile(drawn, quantile) if t_sorted is not None else twin_p99
-            ratios.append(c / (t * allowance) if t > 0 else np.inf)
+        # Every resample at once (the draws one seed gives, one by one): a loop over them cost a
+        # third of a second of Python per report, in parity vs load's small levels.
+        drawn = draws(rng, n_prompts, resamples)
+        c_q = resampled_quantiles(cand, prompt, drawn, quantile)
+        t_q = resampled_quantiles(twin, prompt, drawn, quantile) if twin is not None else np.full(resamples, twin_p99)
     else:
         blocks = prompt % BLOCKS if n_prompts > BLOCKS else prompt
         units = min(n_prompts, BLOCKS)
@@ -67,8 +65,8 @@ def interval(
             if twin is not None
             else np.full(resamples, twin_p99)
         )
-        with np.errstate(divide="ignore"):
-            ratios = list(np.where(t_q > 0, c_q / (t_q * allowance), np.inf))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(t_q > 0, c_q / (t_q * allowance), np.inf)
     low, high = np.quantile(ratios, [0.025, 0.975])
     return float(low), float(high)
 
@@ -123,8 +121,9 @@ def draws(rng: np.random.Generator, units: int, resamples: int) -> np.ndarray:
 
 def resampled_quantiles(values: np.ndarray, unit: np.ndarray, drawn: np.ndarray, quantile: float) -> np.ndarray:
     """The `quantile` of `values` in each resample of units (`drawn` from `draws`; `unit` codes the
-    unit of each value; NaN for a resample that drew none): `_Sorted.quantile` for many resamples
-    at once, in chunks of about _CHUNK cells, the same order statistics and interpolation."""
+    unit of each value; NaN for a resample that drew none), many resamples at once, in chunks of
+    about _CHUNK cells: the order statistics and interpolation of numpy.quantile's "linear" method
+    on the resample's values, read off the cumulative counts of the values sorted once."""
     out = np.full(len(drawn), np.nan)
     if not len(values):
         return out
@@ -156,23 +155,6 @@ def _lerp(a: float, b: float, t: float) -> float:
     return float(b - diff * (1 - t)) if t >= 0.5 else float(a + diff * t)
 
 
-class _Sorted:
-    """Values sorted once, with the prompt of each: quantiles of any resample of prompts."""
-
-    def __init__(self, values: np.ndarray, prompt: np.ndarray) -> None:
-        order = np.argsort(values, kind="stable")
-        self.values, self.prompt = values[order], prompt[order]
-
-    def quantile(self, drawn: np.ndarray, quantile: float) -> float:
-        counts = np.cumsum(drawn[self.prompt])  # how many resampled values are <= each sorted value
-        total = int(counts[-1])
-        index = _virtual_index(total, quantile)
-        below = int(np.floor(index))
-        lo_rank, hi_rank = min(max(below, 0), total - 1), min(max(below + 1, 0), total - 1)
-        lo, hi = np.searchsorted(counts, [lo_rank, hi_rank], side="right")
-        return _lerp(self.values[lo], self.values[hi], index - below)
-
-
 def log_bins(values: np.ndarray) -> np.ndarray:
     """Each value's bin, floor(log2(value) x BINS_PER_OCTAVE), as int32; _ZERO_BIN for zeros."""
     # float32 is ample for a bin 1.1 % wide, and half the memory and time of float64. Zeros give
@@ -191,32 +173,43 @@ class _Binned:
 
     def __init__(self, values: np.ndarray, block: np.ndarray, units: int) -> None:
         bins = np.empty(len(values), dtype=np.int32)
+        lowest, highest = None, _ZERO_BIN  # the lowest positive bin, the highest bin
         for at in range(0, len(values), _CHUNK):  # in chunks: the temporaries stay small on a big run
-            bins[at : at + _CHUNK] = log_bins(values[at : at + _CHUNK])
-        # The median's bin, from the pooled histogram (zeros first), not from sorting the values;
-        # bins are counted from _ZERO_BIN, so the zeros are column 0 and no value is masked.
-        pooled = np.bincount(bins - _ZERO_BIN)
-        occupied = np.flatnonzero(pooled[1:])
-        lowest = int(occupied[0]) + 1 + _ZERO_BIN if occupied.size else 0  # the lowest positive bin
-        at_median = int(np.searchsorted(np.cumsum(pooled), len(values) * _FLOOR_QUANTILE, side="right"))
-        # Column 0 pools the zeros and every value under the median's bin; column j >= 1 is bin first + j - 1.
-        self.exact_zeros = at_median == 0  # then column 0 holds zeros alone, and its value is exact
-        first = lowest if self.exact_zeros else at_median + _ZERO_BIN
-        np.subtract(bins, first - 1, out=bins)
-        np.maximum(bins, 0, out=bins)  # now the column of each value (zeros fall below 1)
-        width = int(bins.max()) + 1
-        if units * width < 2**31:  # the cell of each value: block x width + column, in place
-            bins += block.astype(np.int32) * width
+            chunk = bins[at : at + _CHUNK]
+            chunk[:] = log_bins(values[at : at + _CHUNK])
+            highest = max(highest, int(chunk.max()))
+            positive = chunk[chunk > _ZERO_BIN]
+            if positive.size:
+                lowest = int(positive.min()) if lowest is None else min(lowest, int(positive.min()))
+        # One histogram per block over every bin from the lowest positive one up, the zeros in
+        # column 0 (one bincount pass); the pooled histogram is its column sums.
+        base = _ZERO_BIN if lowest is None else lowest - 1
+        span = highest - base + 1
+        np.maximum(bins, base, out=bins)
+        np.subtract(bins, base, out=bins)
+        if units * span < 2**31:  # the cell of each value: block x span + column, in place
+            bins += block.astype(np.int32) * span
             cells = bins
         else:
-            cells = block.astype(np.int64) * width + bins
-        self.hist = np.bincount(cells, minlength=units * width).reshape(units, width).astype(float)
+            cells = block.astype(np.int64) * span + bins
+        full = np.bincount(cells, minlength=units * span).reshape(units, span)
+        # The median's bin, from the pooled histogram (zeros first), not from sorting the values.
+        at_median = int(np.searchsorted(np.cumsum(full.sum(axis=0)), len(values) * _FLOOR_QUANTILE, side="right"))
+        # Column 0 pools the zeros and every value under the median's bin; column j >= 1 is bin first + j - 1.
+        self.exact_zeros = at_median == 0  # then column 0 holds zeros alone, and its value is exact
+        first = (0 if lowest is None else lowest) if self.exact_zeros else base + at_median
+        pooled_below = min(max(first - base, 1), span)  # full's columns pooled into column 0
+        width = span - pooled_below + 1
+        self.hist = np.empty((units, width))  # filled in place: full may be thousands of bins wide
+        np.sum(full[:, :pooled_below], axis=1, out=self.hist[:, 0])
+        self.hist[:, 1:] = full[:, pooled_below:]
+        del full
         bin_of = first + np.arange(width) - 1
         self.low, self.high = np.exp2(bin_of / BINS_PER_OCTAVE), np.exp2((bin_of + 1) / BINS_PER_OCTAVE)
         self.floor = float(self.low[1]) if width > 1 else 0.0
 
     def quantiles(self, draws: np.ndarray, quantile: float) -> np.ndarray:
-        """Every resample's quantile at once: `_Sorted.quantile`'s ranks and interpolation, on bins."""
+        """Every resample's quantile at once: `resampled_quantiles`' ranks and interpolation, on bins."""
         counts = np.cumsum(draws.astype(float) @ self.hist, axis=1)
         total = counts[:, -1].astype(np.int64)
         index = _virtual_index(total, quantile)

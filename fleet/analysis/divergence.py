@@ -92,10 +92,10 @@ def divergences(
     )
 
 
-def classify(at: pl.LazyFrame) -> pl.DataFrame:
+def classify(at: pl.LazyFrame, *, in_key_order: bool = False) -> pl.DataFrame:
     """`divergences` from each candidate prompt's figures at its first divergence: CAND,
     first_divergence, cand_token, ref_token, _ref_lp, _ref_top1_lp, cand_in_ref_topk,
-    ref_in_cand_topk (null: no row there) and noise."""
+    ref_in_cand_topk (null: no row there) and noise; sorted by CAND (`in_key_order`: `at` is)."""
     margin = (pl.col("_ref_top1_lp").cast(_F64) - pl.col("_ref_lp").cast(_F64)).clip(lower_bound=0.0)
     diverged = pl.col("first_divergence").is_not_null()
     near = (
@@ -119,7 +119,7 @@ def classify(at: pl.LazyFrame) -> pl.DataFrame:
             .otherwise(pl.lit("divergence"))
         )
         .select(*CAND, *COLUMNS)
-        .sort(CAND)
+        .pipe(lambda frame: frame if in_key_order else frame.sort(CAND))
         .collect()
     )
 

@@ -104,20 +104,11 @@ def evaluate(
         }
         empty = pl.DataFrame(schema={**dict.fromkeys(COLUMNS, pl.Float64), **level_keys})
         return empty, pl.DataFrame(schema=prompts)
-    # The reference's own greedy outputs (and its rows, which the parity functions look for), of the
-    # load prompts only: its parity run may hold millions of other token rows in the same prompt set.
-    sent = load_req.select(_PROMPT).unique()
-    of_sets = (pl.col("target") == reference) & pl.col("prompt_set").is_in(sent["prompt_set"].unique().implode())
-    ref_req = (
-        requests.lazy().filter(of_sets).join(sent.lazy(), on=_PROMPT, how="semi").select(_REQUEST_COLUMNS).collect()
-    )
-    if ref_req.is_empty():  # it has none of them (failed there; a replicated run renamed them): then one
-        # of its prompts keeps the reference among the targets, matched by no load row, as all of them were.
-        ref_req = requests.lazy().filter(of_sets).select(_REQUEST_COLUMNS).head(1).collect()
+    ref_req = reference_requests(load_req, requests, reference)
     keys = ref_req.select(_PROMPT)
     ref_tok = (
         tokens.lazy()
-        .filter(of_sets & pl.col("prompt_id").is_in(keys["prompt_id"].unique().implode()))  # pushed down to the scan
+        .filter(reference_rows(keys, reference))  # pushed down to the scan
         .join(keys.lazy(), on=_PROMPT, how="semi")
         .select(_TOKEN_COLUMNS)
     )
@@ -153,6 +144,30 @@ def evaluate(
     pairs = consistency.self_consistency_of(compared)
     pairs = _unlabelled(pairs.with_columns(target=pl.col("target_a")))
     return _assembled(_unlabelled(summary), pairs, load_req), _prompts(per_prompt, compared)
+
+
+def reference_requests(load_requests: Frame, requests: Frame, reference: str) -> pl.DataFrame:
+    """The reference's own greedy outputs (its rows, which the parity functions look for) of the
+    load prompts only: its parity run may hold millions of other prompts in the same prompt set."""
+    sent = load_requests.lazy().select(_PROMPT).unique().collect()
+    of_sets = (pl.col("target") == reference) & pl.col("prompt_set").is_in(sent["prompt_set"].unique().implode())
+    ref_req = (
+        requests.lazy().filter(of_sets).join(sent.lazy(), on=_PROMPT, how="semi").select(_REQUEST_COLUMNS).collect()
+    )
+    if ref_req.is_empty():  # it has none of them (failed there; a replicated run renamed them): then one
+        # of its prompts keeps the reference among the targets, matched by no load row, as all of them were.
+        ref_req = requests.lazy().filter(of_sets).select(_REQUEST_COLUMNS).head(1).collect()
+    return ref_req
+
+
+def reference_rows(keys: pl.DataFrame, reference: str) -> pl.Expr:
+    """A filter the Parquet reader applies, keeping (at least) the reference's rows of the prompts
+    `keys` (_PROMPT columns); a semi join on the keys makes it exact."""
+    return (
+        (pl.col("target") == reference)
+        & pl.col("prompt_set").is_in(keys["prompt_set"].unique().implode())
+        & pl.col("prompt_id").is_in(keys["prompt_id"].unique().implode())
+    )
 
 
 PROMPT_COLUMNS = [*LEVEL, "prompt_set", "prompt_id", "real", "real_vs_solo"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from fleet.analysis import aligned, ties
+from fleet.analysis import aligned, key_order, ties
 from fleet.analysis.missing import no_nan
 from fleet.contracts.errors import UserError
 from fleet.results import prompt_stats
@@ -82,13 +82,17 @@ def first_step(tokens: Frame, reference: str) -> pl.DataFrame:
 def first_step_of(cand0: pl.LazyFrame, ref0: pl.LazyFrame) -> pl.DataFrame:
     """`first_step` from position 0 of each side: cand0 (CAND, cand_token_id, cand_logprob, _tf_logprob,
     _tied) and ref0 (PROMPT, ref_token_id, ref_logprob), token rows or prompt_stats alike."""
+    return first_step_figures(cand0.join(ref0, on=PROMPT, how="inner")).sort(CAND).collect()
+
+
+def first_step_figures(paired: pl.LazyFrame) -> pl.LazyFrame:
+    """`first_step`'s figures of position 0 pairs: cand0's columns, then ref0's but PROMPT."""
     same = pl.col("cand_token_id") == pl.col("ref_token_id")
     # Same token: the reference's own logprob. Different token: the reference's (teacher-forced)
     # logprob of the candidate's token, so p_ref and p_cand always describe the same event.
     ref_of_cand = pl.when(same).then(pl.col("ref_logprob")).otherwise(pl.col("_tf_logprob"))
     return (
-        cand0.join(ref0, on=PROMPT, how="inner")
-        .with_columns(top1_match=same | pl.col("_tied").fill_null(False), ref_logprob_of_cand=ref_of_cand)
+        paired.with_columns(top1_match=same | pl.col("_tied").fill_null(False), ref_logprob_of_cand=ref_of_cand)
         .with_columns(
             logprob_diff=(pl.col("cand_logprob") - pl.col("ref_logprob_of_cand")).abs(),
             p_ref=pl.col("ref_logprob_of_cand").exp(),
@@ -96,8 +100,6 @@ def first_step_of(cand0: pl.LazyFrame, ref0: pl.LazyFrame) -> pl.DataFrame:
         )
         .with_columns(rel_err=(pl.col("p_cand") - pl.col("p_ref")).abs() / pl.col("p_ref"))
         .drop("_tf_logprob", "_tied")
-        .sort(CAND)
-        .collect()
     )
 
 
@@ -304,7 +306,7 @@ def judged(requests: Frame) -> pl.DataFrame:
         )
     )
     judged = with_rule.join(verdicts, on=["expected", "output_text"], how="left", nulls_equal=True)
-    return judged.select(*CAND, "correct").sort(CAND).collect()
+    return key_order.sort_by(judged.select(*CAND, "correct").collect(), CAND)
 
 
 def accuracy_of(judged: pl.DataFrame, reference: str) -> pl.DataFrame:

@@ -17,6 +17,7 @@ import functools
 import json
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from fleet.analysis import (
     noise_model,
     parity_resample,
     probes,
+    stats_divergences,
 )
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
@@ -131,7 +133,7 @@ class RunReport:
         # One row per run of a level; a sweep's probes (probe > 0) go to its own section, not the levels'.
         runs = perf_summary(t["perf_requests"], t["perf_levels"], slos(info)) if t["perf_levels"].height else None
         swept = {s["name"]: s["sweep"]["min_share"] for s in info.perf if s.get("sweep")}
-        load = _load_parity(t, requests, tokens, ref, spec, parity)
+        load = _load_parity(run_dir, t, requests, tokens, ref, spec, parity, stats=use_stats)
         compared = _consistency(requests, tokens, parity, variants) if variants else None
         report = cls(
             run_dir=run_dir,
@@ -251,18 +253,27 @@ class RunReport:
 
 
 def _load_parity(
+    run_dir: str | Path,
     t: dict[str, pl.DataFrame],
     requests: pl.DataFrame,
-    tokens: pl.LazyFrame,
+    whole: pl.LazyFrame,
     ref: str,
     spec: NoiseSpec,
     parity: pl.DataFrame,
+    *,
+    stats: bool,
 ) -> tuple[pl.DataFrame, pl.DataFrame] | None:
     """Parity vs load and its prompts (None: no scenario with `parity:` ran), judged with each
-    target's parity noise."""
+    target's parity noise. `whole`: the tokens table; `stats`: prompt_stats covers it."""
     if not t["load_requests"].height:
         return None
     noise = parity.select("model", "target", "noise") if "noise" in parity.columns else None
+    # The reference's rows of the load prompts, from the tokens files that hold them (prompt_stats,
+    # written beside each, says which), not a scan of the key columns of every token row.
+    keys = load_parity.reference_requests(t["load_requests"], requests, ref).select(_PROMPT)
+    where = load_parity.reference_rows(keys, ref)
+    narrowed = reader.narrowed(run_dir, "tokens", index="prompt_stats", where=where) if stats else None
+    tokens = whole if narrowed is None else narrowed
     return load_parity.evaluate(t["load_requests"], t["load_tokens"], requests, tokens, ref, spec=spec, noise=noise)
 
 
@@ -284,7 +295,12 @@ def notices(info: RunInfo, requests: pl.DataFrame) -> list[str]:
     doubles = [k for k, p in info.provenance.items() if (p or {}).get("device") == "test-double"]
     if doubles:
         out.append(f"TEST DOUBLE targets (no model ran; figures are meaningless): {', '.join(doubles)}")
-    weights = requests.group_by("model", maintain_order=True).agg(pl.col("model_weights").unique())
+    # Each file holds one model's rows under one weight digest: the runs of equal neighbours are
+    # few, and grouping them gives what grouping every request gives, without hashing millions.
+    pair = requests.select("model", "model_weights")
+    changed = pl.any_horizontal(pl.col(c).ne_missing(pl.col(c).shift()).fill_null(True) for c in pair.columns)
+    runs = pair.filter(changed | (pl.int_range(pl.len()) == 0))
+    weights = runs.group_by("model", maintain_order=True).agg(pl.col("model_weights").unique())
     for model, digests in weights.iter_rows():
         if len(digests) > 1:  # every target of a model must have loaded the same bytes
             out.append(f"WARNING {model}: targets loaded different weights {sorted(digests)}")
@@ -352,9 +368,13 @@ def _from_stats(requests: pl.DataFrame, stats: pl.LazyFrame, ref: str, spec: Noi
     """The same figures from prompt_stats: prompts joined with prompts (fleet/analysis/from_stats.py)."""
     pairs = from_stats.Pairs.load(requests, stats, ref)
     first = from_stats.first_step(pairs)
-    parity, noise_table, own = from_stats.figures(pairs, first, spec)
-    per_prompt = from_stats.divergences(pairs, stats, spec, noise_table)
-    parity = parity.join(from_stats.summary_of(per_prompt, own, noise_table), on=["model", "target"], how="left")
+    # The lists the divergences read are decoded while the per-candidate figures run in numpy, each
+    # on a core of its own (docs/measurements.md, "fleet report ..., third pass").
+    with ThreadPoolExecutor(1) as pool:
+        lists = pool.submit(stats_divergences.at_divergence_lists, stats, ref)
+        parity, noise_table, own = from_stats.figures(pairs, first, spec)
+        per_prompt = stats_divergences.divergences(pairs, stats, spec, noise_table, lists=lists.result())
+    parity = parity.join(stats_divergences.summary_of(per_prompt, own, noise_table), on=["model", "target"], how="left")
     return parity, first, per_prompt, pairs.seq
 
 

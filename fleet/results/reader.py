@@ -103,6 +103,32 @@ def covers(run_dir: str | Path, table: str, of: str) -> bool:
     return names(table) == names(of)
 
 
+def narrowed(run_dir: str | Path, table: str, *, index: str, where: pl.Expr) -> pl.LazyFrame | None:
+    """A scan of the files of `table` whose namesake in `index` (a small table written beside it,
+    file for file: prompt_stats beside tokens, `covers`) holds a row matching `where`: the few
+    files that hold some prompts, found without reading the big table's key columns (a string
+    filter skips no row group there: every file's ids span the same range). None where the run is
+    not a local directory (the caller scans the whole table) or `index` does not cover `table`."""
+    fs, root = store.locate(run_dir)
+    if not isinstance(fs, pafs.LocalFileSystem) or not covers(run_dir, index, table):
+        return None
+    files = store.parquet_files(fs, f"{root}/{index}")
+    if not files:
+        return None
+    declared = empty(schema.all_tables()[index]).collect_schema()
+    found = (
+        pl.scan_parquet(
+            files, hive_partitioning=False, schema=declared, missing_columns="insert", include_file_paths="_file"
+        )
+        .filter(where)
+        .select(pl.col("_file").unique())
+        .collect()["_file"]
+        .to_list()
+    )
+    tables = [f"{root}/{table}/{f.removeprefix(f'{root}/{index}/')}" for f in sorted(found, key=lambda f: f.split("/"))]
+    return scan(fs, tables, schema.all_tables()[table]) if tables else empty(schema.all_tables()[table])
+
+
 def _footer(fs: pafs.FileSystem, file: str, declared: pa.Schema) -> dict[bytes, bytes]:
     """A file's key-value metadata, once its footer parses and its columns are the declared ones."""
     where = file if isinstance(fs, pafs.LocalFileSystem) else f"{fs.type_name}://{file}"
