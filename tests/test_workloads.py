@@ -222,6 +222,13 @@ def test_trace_rows_and_errors_name_file_line_and_field(tmp_path: Path) -> None:
                     {"name": "t", "concurrency": [1], "num_requests": 1, "output_tokens": 4} | source | gaps,
                     context={"base_dir": tmp_path},
                 )
+        # Their defaults spelled out, as run.json's resolved manifest has them for --resume: accepted.
+        Scenario.model_validate(
+            {"name": "t", "concurrency": [1], "num_requests": 1, "output_tokens": 4, "arrival": "random"}
+            | {"burstiness": 1.0}
+            | source,
+            context={"base_dir": tmp_path},
+        )
 
 
 class StubServer:

@@ -242,7 +242,10 @@ class Scenario(Strict):
         if self.trace is not None and (self.request_rate is not None or self.ramp is not None or self.sweep):
             msg = "a trace's requests are due at the trace's own offsets: unset request_rate, ramp and sweep"
             raise ValueError(msg)
-        gaps = sorted({"arrival", "burstiness"} & self.model_fields_set)
+        # Not their defaults (a resolved manifest, as run.json keeps it for --resume, spells those out).
+        gaps = [
+            name for name, default in (("arrival", "random"), ("burstiness", 1.0)) if getattr(self, name) != default
+        ]
         if gaps and self.request_rate is None and self.ramp is None and self.sweep is None:
             # Otherwise ignored without a word: a closed loop sends on answers, a trace at its own times.
             sends = "at the trace's own offsets" if self.trace is not None else "closed loop, each on an answer"
