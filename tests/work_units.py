@@ -5,8 +5,9 @@ A work unit runs whole on one worker; units go to workers in collection order as
 - Tests on a costly shared session fixture (`engine_run`) form one unit, wherever their module is.
 - Any other test is a unit of its own, so a long module (the seed reports) spreads over both.
 Engine units are collected first: the short ones then fill the end, instead of one engine unit
-running alone at the end. xdist's own `loadgroup` marks cannot do this on pytest 9: xdist renames
-nodes through an attribute pytest 9 dropped, so the marks are silently lost."""
+running alone at the end; units with an `alone` test come last of all. xdist's own `loadgroup`
+marks cannot do this on pytest 9: xdist renames nodes through an attribute pytest 9 dropped, so
+the marks are silently lost."""
 
 from __future__ import annotations
 
@@ -62,5 +63,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Engine units first; units holding an `alone` test (tests/alone.py) last, when what the other
+    worker is running, and so what they wait for, is short: in the middle it was a 5-minute engine
+    unit, a worker idle all that time."""
     engine = {work_unit(item.nodeid) for item in items if item.get_closest_marker("engine")}
-    items.sort(key=lambda item: work_unit(item.nodeid) not in engine)
+    alone = {work_unit(item.nodeid) for item in items if item.get_closest_marker("alone")}
+    items.sort(key=lambda item: (work_unit(item.nodeid) in alone, work_unit(item.nodeid) not in engine))
