@@ -55,8 +55,9 @@ def load_before(rev: str) -> dict[str, types.ModuleType]:
     return loaded
 
 
-def shard(tmp: Path, *, prompts: int, tokens: int) -> tuple[Any, Any]:
-    """(Generation, scored token rows) of a test-double candidate shard, top-5, scored by a test-double reference."""
+def shard(tmp: Path, *, prompts: int, tokens: int) -> tuple[Any, Any, Any]:
+    """(Generation, the reference's scores, scored token rows) of a test-double candidate shard, top-5,
+    scored by a test-double reference (benchmarks/prompt_scale.py times the same shard's steps)."""
     from actors.test_double import TestDoubleEngine
     from fleet.contracts.engine import ResolvedModel
     from fleet.contracts.prompts import Prompt
@@ -71,7 +72,8 @@ def shard(tmp: Path, *, prompts: int, tokens: int) -> tuple[Any, Any]:
     ref = TestDoubleEngine(TestDoubleArgs(name="ref"), model, sampling=sampling)
     work = Shard("m", "cand", "p", 0, tuple(Prompt(id=str(i), prompt=f"question {i}") for i in range(prompts)))
     gen = cand.generate(work)
-    return gen, join_scores(gen.tokens, ref.score(gen.requests, k=5))
+    scores = ref.score(gen.requests, k=5)
+    return gen, scores, join_scores(gen.tokens, scores)
 
 
 def cpu(step: Callable[[], object]) -> float:
@@ -96,7 +98,7 @@ def main() -> None:
 
     old = load_before(args.before)
     tmp = Path(tempfile.mkdtemp(prefix="fleet-steps-"))
-    gen, scored = shard(tmp, prompts=args.prompts, tokens=args.tokens)
+    gen, _, scored = shard(tmp, prompts=args.prompts, tokens=args.tokens)
     rows = scored.num_rows
     stats = {"before": old["prompt_rows"].summarize(scored), "after": prompt_rows.summarize(scored)}
     assert stats["before"].equals(stats["after"]), "prompt_stats differ between before and after"

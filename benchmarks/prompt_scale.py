@@ -96,26 +96,15 @@ def stages(tmp: Path, *, prompts: int, tokens: int) -> dict[str, float]:
     """CPU seconds per million token rows of each step the driver takes for a shard of `prompts` x
     `tokens` rows (test double, top-5), best of 7: the reference's scores joined on, prompt_stats
     computed, each table encoded and written (atomic, fsynced)."""
-    from actors.test_double import TestDoubleEngine
-    from fleet.contracts.engine import ResolvedModel
-    from fleet.contracts.prompts import Prompt
-    from fleet.contracts.sources import SyntheticSource
-    from fleet.contracts.spec import ModelSpec, Sampling, Shard
-    from fleet.contracts.targets import TestDoubleArgs
+    from driver_steps import shard
+
     from fleet.results import prompt_rows
     from fleet.results.direct import join_scores
     from fleet.results.store import RunStore
     from fleet.run.writer import keep_freed_memory
 
     keep_freed_memory()  # as the driver's writer has it (benchmarks/driver_steps.py: with and without)
-    model = ResolvedModel(ModelSpec(name="m", source=SyntheticSource()), tmp, "w" * 16, None)
-    sampling = Sampling(max_tokens=tokens, logprobs=5)
-    cand = TestDoubleEngine(TestDoubleArgs(name="cand", logprob_shift=0.01), model, sampling=sampling)
-    ref = TestDoubleEngine(TestDoubleArgs(name="ref"), model, sampling=sampling)
-    shard = Shard("m", "cand", "p", 0, tuple(Prompt(id=str(i), prompt=f"question {i}") for i in range(prompts)))
-    gen = cand.generate(shard)
-    scores = ref.score(gen.requests, k=5)
-    scored = join_scores(gen.tokens, scores)
+    gen, scores, scored = shard(tmp, prompts=prompts, tokens=tokens)
     stats = prompt_rows.summarize(scored)
     store = RunStore.create(tmp / "stages", {"run_id": "stages"})
     steps = {
