@@ -15,7 +15,8 @@ from fleet.run.drill import Drill
 from fleet.run.idle_actors import IdleActors, shape
 from fleet.run.perf_work import Perf
 from fleet.run.placement import add, fits, footprint, reserve
-from fleet.run.work import Describe, Generate, Probe, Score, ScoreStaged, Smoke, Work
+from fleet.run.target_work import Describe, Probe, Smoke
+from fleet.run.work import Generate, Score, ScoreStaged, Work
 
 if TYPE_CHECKING:
     from fleet.contracts.spec import ModelSpec, Sampling, Shard

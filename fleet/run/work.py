@@ -1,11 +1,14 @@
-"""What an actor slot is fed: one class per kind of work (describe, smoke, generate, score,
-probe; perf levels in fleet/run/perf_work.py), each saying which call it makes to the target's
-actor and what should follow its result, or its being given up, as `Effects`.
+"""What an actor slot is fed: the `Work` interface, one call to a target's actor; `Effects`, what
+should follow its result or its being given up; and a shard's work, which `Effects` is shaped
+around: `Generate`, its prompts through the target, and `Score`, a candidate's rows teacher-forced
+by the reference, held in memory or (`ScoreStaged`) read back from the staging area.
 
-Work only says what should happen; the dispatch loop (fleet/run/scheduler.py) applies it, and
-decides everything that depends on the run's state. The loop knows only the `Work` interface: it
-sends, waits, retries a failed call up to `run.max_attempts` and then abandons it; a new kind of
-work is a new class here, not a new branch there.
+The other kinds of work are classes in the modules beside this one: a target's calls besides its
+shards (describe, smoke, probe) in fleet/run/target_work.py, perf levels in fleet/run/perf_work.py,
+the drill-down's in fleet/run/drill.py. Work only says what should happen; the dispatch loop
+(fleet/run/scheduler.py) applies it, and decides everything that depends on the run's state. The
+loop knows only this interface: it sends, waits, retries a failed call up to `run.max_attempts`
+and then abandons it; a new kind of work is a new class, not a new branch there.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from fleet.results.direct import Written, join_scores, non_finite
-from fleet.run.manifest import probe_capability
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,7 +30,6 @@ if TYPE_CHECKING:
     from fleet.results.direct import DirectSink
     from fleet.results.staging import Staging
     from fleet.run.manifest import Manifest
-    from fleet.run.plan import ProbeCall
 
 
 class SlotView(Protocol):
@@ -120,48 +121,6 @@ class Work(ABC):
     @abstractmethod
     def on_abandon(self, slot: SlotView, reason: str) -> Effects:
         """What should follow its not being done: its last attempt failed, or its target did."""
-
-
-def _where(slot: SlotView) -> str:
-    """The model/target prefix of the slot's result keys."""
-    return f"{slot.model.name}/{slot.target.name}"
-
-
-@dataclass(frozen=True)
-class Describe(Work):
-    """The first call to every actor: it answers once the engine is up, with its provenance. A
-    kept actor (fleet/run/idle_actors.py) builds the slot's engine first."""
-
-    starts_actor: ClassVar[bool] = True
-
-    def submit(self, slot: SlotView) -> tuple[Any, float]:
-        return slot.handle.describe.remote(build=slot.build), slot.manifest.run.start_timeout_s
-
-    def on_result(self, slot: SlotView, result: dict[str, str]) -> Effects:
-        return Effects(provenance=result)
-
-    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
-        """Nothing of its own: the loop records the target's failure."""
-        return Effects()
-
-
-@dataclass(frozen=True)
-class Smoke(Work):
-    """Checks of a server's API routes, once per target, on its first actor."""
-
-    def submit(self, slot: SlotView) -> tuple[Any, float]:
-        return slot.handle.smoke.remote(), slot.manifest.run.shard_timeout_s
-
-    def on_result(self, slot: SlotView, result: pa.Table) -> Effects:
-        failed = [row["check"] for row in result.to_pylist() if not row["passed"]]
-        return Effects(
-            smoked=True,
-            writes=(Write("smoke", f"{_where(slot)}/smoke/00000", result),),
-            target_failed=f"smoke checks failed: {', '.join(failed)}" if failed else None,
-        )
-
-    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
-        return Effects(target_failed=f"smoke checks: {reason}")
 
 
 @dataclass(frozen=True)
@@ -270,33 +229,6 @@ class ScoreStaged(Work):
     def _dropped_once_written(self, effects: Effects) -> Effects:
         assert effects.shard is not None  # Score writes the shard, scored or not
         return replace(effects, shard=replace(effects.shard, then=self._drop))
-
-
-@dataclass(frozen=True)
-class Probe(Work):
-    """A deep probe (full-vocabulary logprobs, or hidden states) on the manifest's prompt set."""
-
-    probe: ProbeCall
-
-    @property
-    def label(self) -> str:
-        return self.probe.kind
-
-    def submit(self, slot: SlotView) -> tuple[Any, float]:
-        spec = getattr(slot.manifest.probes, self.probe.kind)
-        # A capability's actor method is named after it: probe_logits, probe_layers.
-        method = getattr(slot.handle, probe_capability(self.probe.kind))
-        call = method.remote(
-            slot.manifest.prompt_list(spec.prompt_set), prompt_set=spec.prompt_set, positions=spec.positions
-        )
-        return call, slot.manifest.run.shard_timeout_s
-
-    def on_result(self, slot: SlotView, result: pa.Table) -> Effects:
-        prompt_set = getattr(slot.manifest.probes, self.probe.kind).prompt_set
-        return Effects(writes=(Write(self.probe.kind, f"{_where(slot)}/{prompt_set}/probe", result),))
-
-    def on_abandon(self, slot: SlotView, reason: str) -> Effects:
-        return Effects(failed_shard=(self.probe.key, reason))
 
 
 def _score_options(manifest: Manifest, shard: Shard) -> dict[str, Any]:
