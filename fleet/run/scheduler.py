@@ -21,8 +21,9 @@ Faults: a call that fails or outlives its timeout gets its actor replaced (engin
 with it) and the shard retried, up to `run.max_attempts`; then the shard is recorded as failed
 and the run goes on. A target whose actor cannot start fails as a whole.
 
-A `Work` item says what should follow its result or its abandonment (`Effects`); the loop here is
-the one place that applies it: rows stored, work queued, failures and progress recorded.
+A `Work` item says what should follow its result or its abandonment (`Effects`); the loop hands
+every ended call to fleet/run/follow_up.py, the one place that applies it: rows stored, work
+queued, failures and progress recorded.
 """
 
 from __future__ import annotations
@@ -37,21 +38,21 @@ from typing import TYPE_CHECKING, Any
 from fleet.results.direct import actor_env
 from fleet.results.staging import Staging
 from fleet.results.store import now
+from fleet.run.follow_up import FollowUp
 from fleet.run.idle_actors import IdleActors
-from fleet.run.outcome import GateCheck, Outcome
+from fleet.run.outcome import GateCheck, Outcome, Verdicts
 from fleet.run.placement import fits, reservation, turns_note
 from fleet.run.slots import AdmittedModel
-from fleet.run.work import Generate, ScoreStaged
+from fleet.run.work import Generate
 from fleet.run.writer import ShardWriter
 
 if TYPE_CHECKING:
-    from fleet.contracts.spec import Shard
     from fleet.results.direct import DirectSink
     from fleet.results.store import RunStore
     from fleet.run.manifest import Manifest
     from fleet.run.plan import ModelPlan
     from fleet.run.progress import Progress
-    from fleet.run.work import Effects, Score, Work
+    from fleet.run.work import Work
 
 
 def execute(
@@ -71,8 +72,8 @@ def execute(
 
 
 class Loop:
-    """The dispatch loop: admits models, feeds their slots, and applies what each `Work` says
-    should follow its result or its abandonment."""
+    """The dispatch loop: admits models, feeds their slots, retries or gives up failed calls, and
+    hands what each `Work` says should follow its result or its abandonment to `FollowUp`."""
 
     def __init__(
         self,
@@ -84,13 +85,15 @@ class Loop:
         gates_of: GateCheck | None = None,
         sink: DirectSink | None = None,
     ) -> None:
-        self.manifest, self.store, self.bar, self.outcome = manifest, store, bar, Outcome()
-        self.gates_of, self.gate_verdicts = gates_of, dict[tuple[str, str], str | None]()
+        self.manifest, self.bar, self.outcome = manifest, bar, Outcome()
         self.reservation = reservation(manifest, cluster)
         self.free = dict(cluster)
         self.staging, note = Staging(store), turns_note(manifest, cluster)
         if note is not None:
             bar.write(note)
+        self.writer = ShardWriter(store, bar)
+        # `after:` asks whether a target passed; its gates read its rows once they are on disk.
+        verdicts = Verdicts(self.outcome, gates_of, rows_stored=self.writer.wait)
         # Shards a killed run staged: scored now, not generated again (the rest of the area goes).
         staged = self.staging.recover({s.shard_id for plan in plans for s in plan.shards})
         # A released actor waits for the next target of its shape (run.keep_actors).
@@ -101,7 +104,7 @@ class Loop:
                 plan,
                 manifest,
                 reservation=self.reservation,
-                not_passed=functools.partial(self._not_passed, plan.model),
+                not_passed=functools.partial(verdicts.not_passed, plan.model),
                 take_turns=note is not None,
                 staging=self.staging,
                 staged=staged,
@@ -114,7 +117,7 @@ class Loop:
         )
         self.active: list[AdmittedModel] = []
         self.calls: dict[Any, tuple[AdmittedModel, str]] = {}
-        self.writer = ShardWriter(store, bar)
+        self.follow_up = FollowUp(self.outcome, store=store, writer=self.writer, staging=self.staging, bar=bar)
 
     def run(self) -> Outcome:
         import ray
@@ -178,22 +181,6 @@ class Loop:
             admitted.start()
             self.active.append(admitted)
 
-    def _not_passed(self, model: str, target: str) -> str | None:
-        """Why `target` of `model` did not pass in this run: it failed, some of its work did, or its
-        gates failed (asked once all its rows are scored; see AdmittedModel._unsettled)."""
-        key = f"{model}/{target}"
-        if key in self.outcome.failures:
-            return self.outcome.failures[key]
-        failed = sorted(s for s in self.outcome.failed_shards if s.startswith(f"{key}/"))
-        if failed:
-            return f"failed: {', '.join(failed)}"
-        if self.gates_of is None:
-            return None
-        if (model, target) not in self.gate_verdicts:
-            self.writer.wait()  # its rows on disk before its gates read them
-            self.gate_verdicts[model, target] = self.gates_of(model, target)
-        return self.gate_verdicts[model, target]
-
     def _give_up(
         self, admitted: AdmittedModel, name: str, reason: str, *, failed: bool, work: Sequence[Work] = ()
     ) -> None:
@@ -204,7 +191,7 @@ class Loop:
         admitted.reference_failed = admitted.reference_failed or (failed and name == admitted.ref)
         self.bar.write(f"{'FAILED' if failed else 'SKIPPED'} {key}: {reason}")
         for w in [*work, *slot.queue, *slot.perf_todo]:
-            self._abandon(admitted, name, w, f"target failed: {reason}" if failed else reason)
+            self.follow_up.abandon(admitted, name, w, f"target failed: {reason}" if failed else reason)
         slot.queue.clear()
         slot.perf_todo.clear()
 
@@ -244,7 +231,7 @@ class Loop:
         else:
             # Describe answered: the engine is up (a later failure is then a call's, not the target's).
             slot.alive = slot.alive or work.starts_actor
-            self._apply(admitted, name, work, work.on_result(slot, result))
+            self.follow_up.apply(admitted, name, work, work.on_result(slot, result))
             self._maybe_release(admitted, name)
         # A scored shard or a reference shard may be what an `after:` target waited for.
         admitted.start_waiting()
@@ -291,63 +278,13 @@ class Loop:
             self.bar.write(f"retry {work.attempt + 1}/{self.manifest.run.max_attempts} {key} {work.label}: {reason}")
             slot.queue.appendleft(work.retried())
         else:
-            self._abandon(admitted, name, work, reason)
+            self.follow_up.abandon(admitted, name, work, reason)
         # A fresh actor also for perf levels still to run, and for a reference still to score with.
         if admitted.needs(name):
             slot.launch()
         else:
             admitted.release(name)
         self._maybe_release(admitted, name)
-
-    def _abandon(self, admitted: AdmittedModel, name: str, work: Work, reason: str) -> None:
-        self._apply(admitted, name, work, work.on_abandon(admitted.slots[name], reason))
-
-    def _apply(self, admitted: AdmittedModel, name: str, work: Work, effects: Effects) -> None:
-        """Carry out what should follow `work` on target `name`, which has ended (its result is
-        in, or it was given up): the one place work changes the admitted."""
-        admitted.ended(work)
-        self._carry_out(admitted, name, effects)
-
-    def _carry_out(self, admitted: AdmittedModel, name: str, effects: Effects) -> None:
-        key, slot = f"{admitted.model.name}/{name}", admitted.slots[name]
-        if effects.provenance is not None:
-            self.outcome.provenance[key] = effects.provenance
-        slot.smoked = slot.smoked or effects.smoked
-        if effects.target_failed is not None:
-            self.outcome.failures.setdefault(key, effects.target_failed)
-        if effects.failed_shard is not None:
-            self.outcome.failed_shards.setdefault(*effects.failed_shard)
-        for write in effects.writes:
-            self.store.write(write.table, write.key, write.rows)
-        if effects.score is not None:
-            self._to_reference(admitted, effects.score)
-        if effects.staged is not None:
-            self._staged_to_reference(admitted, *effects.staged)
-        if effects.shard is not None:
-            self.writer.write(effects.shard)
-        if effects.committed is not None:
-            self.writer.commit(effects.committed)
-        if effects.progress:
-            self.bar.update(effects.progress, model=admitted.model.name)
-
-    def _to_reference(self, admitted: AdmittedModel, score: Score) -> None:
-        """A candidate's shard goes to the reference: held in memory for it while it is up beside
-        the candidates; staged on disk when the model takes turns (the candidate's actor may go once
-        they are stored); written unscored when there is no reference (left) to score with."""
-        if admitted.take_turns and not admitted.reference_failed and score.staged:
-            admitted.stage(score.shard, self.staging.put(score.gen))
-        elif not admitted.to_score(score):
-            self._carry_out(admitted, score.shard.target, score.without_reference())
-
-    def _staged_to_reference(self, admitted: AdmittedModel, shard: Shard, weights: str) -> None:
-        """A candidate's shard its actor staged goes to the reference as `_to_reference` says: to
-        score from the staging area, or, with no reference left, committed unscored."""
-        if admitted.take_turns and not admitted.reference_failed:
-            admitted.stage(shard, weights)
-        elif admitted.slots[admitted.ref].handle is not None:
-            admitted.stage(shard, weights, first=True)
-        else:
-            self.writer.write(ScoreStaged(shard, weights, self.staging).unscored)
 
 
 def _reason(error: Exception) -> str:

@@ -6,9 +6,10 @@ by the reference, held in memory or (`ScoreStaged`) read back from the staging a
 The other kinds of work are classes in the modules beside this one: a target's calls besides its
 shards (describe, smoke, probe) in fleet/run/target_work.py, perf levels in fleet/run/perf_work.py,
 the drill-down's in fleet/run/drill.py. Work only says what should happen; the dispatch loop
-(fleet/run/scheduler.py) applies it, and decides everything that depends on the run's state. The
-loop knows only this interface: it sends, waits, retries a failed call up to `run.max_attempts`
-and then abandons it; a new kind of work is a new class, not a new branch there.
+(fleet/run/scheduler.py) applies it (fleet/run/follow_up.py), and decides everything that depends
+on the run's state. The loop knows only this interface: it sends, waits, retries a failed call up
+to `run.max_attempts` and then abandons it; a new kind of work is a new class, not a new branch
+there.
 """
 
 from __future__ import annotations
