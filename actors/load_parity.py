@@ -3,18 +3,19 @@ prompts (`parity:`, fleet/contracts/scenario.py) greedily with top-k logprobs, e
 engine before the load ("solo": concurrency 1), then all at once when a share of the level's
 measured requests has been sent ("load"), and returns their rows beside the level's.
 
-It is engine-neutral, like the load generator (actors/loadgen.py): an engine hands it the level's
-`measure` and `stream`, and `complete(prompt) -> Completion`, one greedy request with the run's
-sampling on the same engine and event loop as the load. The parity requests come on top of the
-level's own: the load's requests in flight when each is sent and when it completes are recorded
-(`in_flight_sent`, `in_flight_done`), so a reader sees which batch it really shared.
+It is engine-neutral, like the load generator (actors/loadgen.py): an engine hands it the level
+as `prepare_level` built it, its `stream` and prefix-cache counters, and `complete(prompt) ->
+Completion`, one greedy request with the run's sampling on the same engine and event loop as the
+load. The parity requests come on top of the level's own: the load's requests in flight when each
+is sent and when it completes are recorded (`in_flight_sent`, `in_flight_done`), so a reader sees
+which batch it really shared.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleet.contracts.engine import Chunk, Completion, LoadRows, PerfResult
@@ -22,13 +23,13 @@ from fleet.contracts.engine import Chunk, Completion, LoadRows, PerfResult
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from actors.loadgen import CacheCounters, PreparedLevel
     from actors.send_loop import Stream
     from fleet.contracts.engine import Engine
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.scenario import Scenario
 
 Complete = Callable[["Prompt"], Awaitable[Completion]]
-Measure = Callable[..., Coroutine[Any, Any, PerfResult]]  # loadgen.prepare_level's measure
 
 
 class _Counted:
@@ -48,19 +49,18 @@ class _Counted:
 
 
 async def run_level(
-    measure: Measure,
+    level: PreparedLevel,
     stream: Stream,
     *,
-    engine: Engine,
-    scenario: Scenario,
-    level: int,
+    cache: CacheCounters | None,
     prompts: Sequence[Prompt] | None,
     complete: Complete,
 ) -> PerfResult:
-    """The level as `measure` runs it; with the scenario's `parity:` and its `prompts`, also its
-    parity prompts alone, then mid-load (PerfResult.parity)."""
+    """The level as `level.measure` runs it; with the scenario's `parity:` and its `prompts`, also
+    its parity prompts alone, then mid-load (PerfResult.parity)."""
+    scenario = level.scenario
     if scenario.parity is None or not prompts:
-        return await measure(stream)
+        return await level.measure(stream, cache=cache)
     solo = [await complete(p) for p in prompts]  # one at a time: nothing else on the engine
     counted = _Counted(stream)
     due = min(scenario.num_requests - 1, int(scenario.num_requests * scenario.parity.at))
@@ -71,13 +71,14 @@ async def run_level(
             sent.append(asyncio.create_task(_under_load(counted, complete, prompts)))
 
     try:
-        result = await measure(counted.stream, on_send=on_send)
+        result = await level.measure(counted.stream, on_send=on_send, cache=cache)
         loaded = await sent[0]
     finally:
         for task in sent:
             task.cancel()
     flights = [(0, 0)] * len(solo) + [(a, b) for _, a, b in loaded]
-    rows = _rows(engine, scenario, level, [*solo, *(c for c, _, _ in loaded)], flights, n_solo=len(solo))
+    completions = [*solo, *(c for c, _, _ in loaded)]
+    rows = _rows(level.engine, scenario, level.level, completions, flights, n_solo=len(solo))
     return PerfResult(result.requests, result.level, rows)
 
 

@@ -13,6 +13,7 @@ callable yielding `Chunk`s, plus keyword options only where a scenario needs the
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from actors.arrivals import scenario_schedule
@@ -30,6 +31,41 @@ if TYPE_CHECKING:
 CacheCounters = Callable[[], Awaitable["tuple[int, int] | None"]]
 
 
+@dataclass(frozen=True)
+class PreparedLevel:
+    """One level of a scenario on an engine, its requests built and checked (`prepare_level`):
+    `measure` runs it (`measure_level`) under the engine's model and target."""
+
+    engine: Engine
+    scenario: Scenario
+    level: int
+    measured: Sequence[list[int] | Request]
+    warmup: Sequence[list[int] | Request]
+
+    def measure(
+        self,
+        stream: Stream | None,
+        send: Send | None = None,
+        on_send: OnSend | None = None,
+        *,
+        cache: CacheCounters | None = None,
+    ) -> Coroutine[Any, Any, PerfResult]:
+        model = self.engine.model
+        return measure_level(
+            stream,
+            self.scenario,
+            self.level,
+            prompts=self.measured,
+            warmup=self.warmup,
+            model=model.name,
+            model_weights=model.weights,
+            target=self.engine.args.name,
+            send=send,
+            on_send=on_send,
+            cache=cache,
+        )
+
+
 def prepare_level(
     engine: Engine,
     scenario: Scenario,
@@ -38,37 +74,12 @@ def prepare_level(
     *,
     tokenizer: Any,
     max_model_len: int | None,
-) -> Callable[..., Coroutine[Any, Any, PerfResult]]:
-    """Tokenize one level's prompts and check them against the context now, before anything is
-    sent; return `measure(stream, send=None, on_send=None, *, cache=None)`, which runs the level
-    (`measure_level`)."""
+) -> PreparedLevel:
+    """Tokenize one level's prompts and check them against the context now, before anything is sent."""
     measured, warmup = level_requests(scenario, tokenizer, prompts, level=level)
     if max_model_len:
         check_fits(scenario, measured + warmup, max_model_len)
-    model, target = engine.model, engine.args.name
-
-    def measure(
-        stream: Stream | None,
-        send: Send | None = None,
-        on_send: OnSend | None = None,
-        *,
-        cache: CacheCounters | None = None,
-    ) -> Coroutine[Any, Any, PerfResult]:
-        return measure_level(
-            stream,
-            scenario,
-            level,
-            prompts=measured,
-            warmup=warmup,
-            model=model.name,
-            model_weights=model.weights,
-            target=target,
-            send=send,
-            on_send=on_send,
-            cache=cache,
-        )
-
-    return measure
+    return PreparedLevel(engine, scenario, level, measured, warmup)
 
 
 async def measure_level(

@@ -240,7 +240,7 @@ class OpenAIEngine(Engine):
         from actors.loadgen import prepare_level
 
         tokenizer, max_len = self.tokenizer, self.max_model_len
-        measure = prepare_level(self, scenario, level, prompts, tokenizer=tokenizer, max_model_len=max_len)
+        prepared = prepare_level(self, scenario, level, prompts, tokenizer=tokenizer, max_model_len=max_len)
 
         if scenario.clients > 1:  # several client processes, each with its own session
             from actors.load_clients import spread
@@ -249,7 +249,7 @@ class OpenAIEngine(Engine):
 
             async def spread_run() -> PerfResult:
                 async with self.http.session(0) as session:  # the driver's: only the prefix-cache counters
-                    return await measure(None, send, cache=functools.partial(self.http.prefix_cache, session))
+                    return await prepared.measure(None, send, cache=functools.partial(self.http.prefix_cache, session))
 
             try:
                 return asyncio.run(spread_run())
@@ -267,10 +267,7 @@ class OpenAIEngine(Engine):
                     return self._completion(prompt, route, sent, answer, time.perf_counter() - t0)
 
                 stream = functools.partial(self.http.stream, session)
-                return await run_level(
-                    functools.partial(measure, cache=cache), stream, engine=self, scenario=scenario, level=level,
-                    prompts=parity_prompts, complete=complete,
-                )  # fmt: skip
+                return await run_level(prepared, stream, cache=cache, prompts=parity_prompts, complete=complete)
 
         return asyncio.run(run())
 

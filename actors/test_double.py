@@ -164,7 +164,7 @@ class TestDoubleEngine(Engine):
         if parity_prompts:
             msg = "the test double runs perf levels without parity under load (no model gives it tokens)"
             raise ValueError(msg)
-        from actors.loadgen import measure_level
+        from actors.loadgen import PreparedLevel
         from actors.workloads import level_seed
 
         rng = random.Random(level_seed(scenario, level))
@@ -180,19 +180,7 @@ class TestDoubleEngine(Engine):
             encoded = [[zlib.crc32(w.encode()) % vocab for w in ws] for ws in words] or [[0]]
             measured = [encoded[i % len(encoded)] for i in range(scenario.num_requests)]
         warmup = [[rng.randrange(vocab) for _ in range(len(measured[0]))] for _ in range(scenario.warmup_requests)]
-        m = self.model
-        return asyncio.run(
-            measure_level(
-                self._stream,
-                scenario,
-                level,
-                prompts=measured,
-                warmup=warmup,
-                model=m.name,
-                model_weights=m.weights,
-                target=self.args.name,
-            )
-        )
+        return asyncio.run(PreparedLevel(self, scenario, level, measured, warmup).measure(self._stream))
 
     async def _stream(self, prompt_ids: list[int], max_tokens: int) -> AsyncGenerator[Chunk, None]:
         """One token at a time, token k due `seconds_per_token` x (k + 1) after the request starts.

@@ -205,7 +205,6 @@ class VllmEngine(Engine):
         (actors/vllm_stream.py): no second engine (~1.9 GB each, docs/platform.md).
         """
         import asyncio
-        import functools
 
         from actors.cache_stats import from_engine
         from actors.load_parity import run_level
@@ -214,7 +213,7 @@ class VllmEngine(Engine):
 
         engine = self.llm.llm_engine
         max_len = engine.model_config.max_model_len
-        measure = prepare_level(self, scenario, level, prompts, tokenizer=self.tokenizer, max_model_len=max_len)
+        prepared = prepare_level(self, scenario, level, prompts, tokenizer=self.tokenizer, max_model_len=max_len)
         bridge = StepBridge(engine)
 
         async def cache() -> tuple[int, int] | None:
@@ -227,11 +226,7 @@ class VllmEngine(Engine):
             return self._completion(prompt, out)
 
         def load(stream: Any) -> PerfResult:
-            run = run_level(
-                functools.partial(measure, cache=cache), stream, engine=self, scenario=scenario, level=level,
-                prompts=parity_prompts, complete=complete,
-            )  # fmt: skip
-            return asyncio.run(run)
+            return asyncio.run(run_level(prepared, stream, cache=cache, prompts=parity_prompts, complete=complete))
 
         return bridge.run(load)
 
