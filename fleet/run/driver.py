@@ -23,7 +23,7 @@ from fleet.run.manifest import Manifest
 from fleet.run.outcome import GateCheck, Outcome
 from fleet.run.plan import ModelPlan, plan
 from fleet.run.progress import Progress
-from fleet.run.scheduler import execute
+from fleet.run.scheduler import Loop
 
 # (run_dir, model, target) -> why the target's gates failed on the rows written so far (None: passed).
 RunGateCheck = Callable[[str | Path, str, str], str | None]
@@ -116,7 +116,7 @@ def _execute(
     try:
         planned = +Counter({p.model: len(p.shards) + len(p.perf) for p in plans})  # +: no model without work
         with Progress(planned, enabled=progress) as bar:
-            outcome = execute(manifest, plans, store, bar, cluster=cluster, gates_of=gates_of, sink=sink)
+            outcome = Loop(manifest, plans, store, bar, cluster=cluster, gates_of=gates_of, sink=sink).run()
         outcome.failures = (failed_before_start or {}) | outcome.failures
         status = "partial" if outcome.partial else "complete"
     finally:
@@ -158,7 +158,7 @@ def _drill(
     with Progress(Counter(), enabled=progress) as bar:
         found = ", ".join(f"{model} {len(p)}" for model, p in points.items() if p)
         bar.write(f"drill-down: layer probes at the real divergences ({found})")
-        more = execute(manifest, plans, store, bar, cluster=cluster)
+        more = Loop(manifest, plans, store, bar, cluster=cluster).run()
     # A target whose drill-down actor failed is recorded as that work failing, not the target: its
     # parity rows stand, and its gates read those.
     lost = more.failed_shards | {f"{key}/drilldown": why for key, why in more.failures.items()}

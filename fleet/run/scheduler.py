@@ -55,22 +55,6 @@ if TYPE_CHECKING:
     from fleet.run.work import Work
 
 
-def execute(
-    manifest: Manifest,
-    plans: Sequence[ModelPlan],
-    store: RunStore,
-    bar: Progress,
-    *,
-    cluster: dict[str, float],
-    gates_of: GateCheck | None = None,
-    sink: DirectSink | None = None,
-) -> Outcome:
-    """Run every model's plan: its shards, probes and perf levels (retrying faults); write what they
-    produce; returns what failed. `gates_of` is what `after:` checks beside failures (None: failures only).
-    `sink`: the actors store their shards themselves (fleet/results/direct.py); the loop commits them."""
-    return Loop(manifest, plans, store, bar, cluster, gates_of, sink).run()
-
-
 class Loop:
     """The dispatch loop: admits models, feeds their slots, retries or gives up failed calls, and
     hands what each `Work` says should follow its result or its abandonment to `FollowUp`."""
@@ -81,10 +65,13 @@ class Loop:
         plans: Sequence[ModelPlan],
         store: RunStore,
         bar: Progress,
+        *,
         cluster: dict[str, float],
         gates_of: GateCheck | None = None,
         sink: DirectSink | None = None,
     ) -> None:
+        """`gates_of` is what `after:` checks beside failures (None: failures only). `sink`: the
+        actors store their shards themselves (fleet/results/direct.py); the loop commits them."""
         self.manifest, self.bar, self.outcome = manifest, bar, Outcome()
         self.reservation = reservation(manifest, cluster)
         self.free = dict(cluster)
@@ -120,6 +107,8 @@ class Loop:
         self.follow_up = FollowUp(self.outcome, store=store, writer=self.writer, staging=self.staging, bar=bar)
 
     def run(self) -> Outcome:
+        """Run every model's plan: its shards, probes and perf levels (retrying faults); write what
+        they produce; returns what failed."""
         import ray
 
         try:
