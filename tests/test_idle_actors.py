@@ -76,3 +76,16 @@ def test_keep_actors_false_gives_every_target_its_own_process(two_slots: Cluster
     _, _, info = run(tmp_path, MANIFEST.replace("max_attempts: 2}", "max_attempts: 2, keep_actors: false}"))
     assert info["status"] == "complete"
     assert len(set(_actors(info).values())) == 5
+
+
+def test_a_multi_card_target_starts_after_the_kept_actors_are_killed(two_slots: Cluster, tmp_path: Path) -> None:
+    """Its placement group would wait for the slots a kept actor holds (seed 003's TP 2 variants
+    after its TP 1 ones, on a 2-core host) until the start timeout failed it."""
+    manifest = MANIFEST.replace(
+        "{name: c2, kind: vllm, dtype: float32}", "{name: c2, kind: vllm, tensor_parallel_size: 2, num_cpus: 2}"
+    )
+    _, _, info = run(tmp_path, manifest)
+    assert info["status"] == "complete"
+    actors = _actors(info)
+    [alive] = [entry[1:] for entry in two_slots.log if entry[0] == "placement_group"]
+    assert actors["c1"] not in alive  # c1's kept actor was killed before c2's group was asked for

@@ -70,6 +70,8 @@ class ActorSlot:
 
         from fleet.contracts.targets import TARGET_ACTOR, engine_side
 
+        if self.idle is not None and self.target.cards > 1:
+            self.idle.clear()  # a multi-card engine reuses none, and its group needs what they hold
         self.pg, options = reserve(self.target)
         options["runtime_env"] = {"env_vars": BASE_ENV | self.env | self.target.actor_env()}
         self.shape = shape(options) if self.idle is not None and self.pg is None else None
