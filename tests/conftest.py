@@ -1,5 +1,6 @@
 """Shared fixtures. Engine tests share one local Ray and one run of a small manifest per session:
-starting vLLM costs seconds per engine, so no test starts its own."""
+starting vLLM costs seconds per engine, so no test starts its own; the runs on that Ray also share
+their actor processes (`local_ray`)."""
 
 from __future__ import annotations
 
@@ -84,10 +85,25 @@ def smollm2() -> Iterator[Path]:
 def local_ray(fleet_cache: Path) -> Iterator[Any]:
     import ray
 
+    from fleet.run.idle_actors import across_runs
+
     # address="local": a fresh cluster even when another Ray runs on this machine.
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
+    # The session's runs share actor processes by shape (fleet/run/idle_actors.py): an engine
+    # process imports vLLM once per worker and shape, not once per run (12-17 s of CPU each).
+    with across_runs() as pool:
+        _SESSION_ACTORS.append(pool)
+        yield ray
     ray.shutdown()
+
+
+_SESSION_ACTORS: list[Any] = []
+
+
+@pytest.fixture(scope="session")
+def session_actors(local_ray: object) -> Any:
+    """The actors the session's runs keep between them (an IdleActors)."""
+    return _SESSION_ACTORS[-1]
 
 
 @pytest.fixture(scope="session")

@@ -236,6 +236,7 @@ def fake_ray(cluster: Cluster) -> dict[str, types.ModuleType]:
 
     resources = cluster.resources
     ray.is_initialized = lambda: True  # type: ignore[attr-defined]
+    ray.get_runtime_context = lambda: types.SimpleNamespace(get_node_id=lambda: "n", get_job_id=lambda: "01")  # type: ignore[attr-defined]
     ray.cluster_resources = lambda: dict(resources)  # type: ignore[attr-defined]
     ray.nodes = lambda: [{"Alive": True, "Resources": resources, "NodeManagerHostname": "fake"}]  # type: ignore[attr-defined]
     ray.remote = lambda cls: ActorClass()  # type: ignore[attr-defined]

@@ -6,6 +6,10 @@ vLLM (11-12 s on a quiet 2-core host; torch_npu's init on a card) before it buil
 engine in 2-3 s (docs/measurements.md). A matrix's variants, calibrate's mutants and the models
 of a manifest run one after another on the same shape of actor, so each reuses the last one's.
 
+Within `across_runs()` the kept actors also outlive a run, for the next run in that block on the
+same Ray (fleet calibrate's healthy and mutant runs, a test session's runs); the block kills them
+when it ends. Outside one, a run's kept actors die with the run.
+
 The same shape: the same Ray options (CPU slots, cards, resources) and the same process
 environment (the runtime env Ray starts it with), on one card: a multi-card engine holds its
 placement group, which is released with its actor. Only an actor whose engine answered and shut
@@ -18,9 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 Shape = str
+_ACROSS_RUNS: ContextVar[IdleActors | None] = ContextVar("fleet_idle_actors_across_runs", default=None)
 
 
 def shape(options: dict[str, Any]) -> Shape:
@@ -28,18 +35,37 @@ def shape(options: dict[str, Any]) -> Shape:
     return json.dumps(options, sort_keys=True, default=str)
 
 
+def _ray_session() -> str:
+    """Which Ray the driver is connected to: a handle is good only there (a new local Ray numbers
+    its jobs from 1 again, its node is new)."""
+    import ray
+
+    context = ray.get_runtime_context()
+    return f"{context.get_node_id()}/{context.get_job_id()}"
+
+
 class IdleActors:
-    """The driver's idle actors, by shape; one run's, killed when it ends."""
+    """The driver's idle actors, by shape: one run's, killed when it ends, or those of the runs in
+    an `across_runs()` block."""
 
     def __init__(self) -> None:
         self.kept: dict[Shape, list[Any]] = {}
+        self.session: str | None = None  # the Ray the kept handles belong to
+
+    def _forget_other_rays(self) -> None:
+        session = _ray_session()
+        if session != self.session:
+            self.kept.clear()  # kept on a Ray since shut down: they went with it
+            self.session = session
 
     def keep(self, key: Shape, handle: Any) -> None:
+        self._forget_other_rays()
         self.kept.setdefault(key, []).append(handle)
 
     def take(self, key: Shape) -> Any | None:
         """An idle actor of this shape, or None; with none, every idle actor is killed, so that the
         new one finds their resources free."""
+        self._forget_other_rays()
         if self.kept.get(key):
             return self.kept[key].pop()
         self.clear()
@@ -52,3 +78,34 @@ class IdleActors:
             with contextlib.suppress(Exception):  # already gone: nothing to kill
                 ray.kill(handle, no_restart=True)
         self.kept.clear()
+
+
+def for_run(keep_actors: bool) -> tuple[IdleActors | None, bool]:
+    """A run's idle actors (None: none kept, `run.keep_actors: false`) and whether the run owns
+    them, killing them when it ends: it does, unless an `across_runs()` block does."""
+    shared = _ACROSS_RUNS.get()
+    if shared is None:
+        return (IdleActors() if keep_actors else None), True
+    if not keep_actors:
+        shared.clear()  # what earlier runs kept would hold resources this run does not count
+        return None, True
+    return shared, False
+
+
+@contextlib.contextmanager
+def across_runs() -> Iterator[IdleActors]:
+    """Keep actors between the runs made in this block, on one Ray: the next run's targets reuse
+    the processes of the last one's of their shape. Idle actors hold their Ray resources until they
+    are reused, a target of another shape starts, or the block ends. Inside another such block, it
+    is that block's: the outer block's idle actors would otherwise hold slots this one cannot free."""
+    outer = _ACROSS_RUNS.get()
+    if outer is not None:
+        yield outer
+        return
+    pool = IdleActors()
+    token = _ACROSS_RUNS.set(pool)
+    try:
+        yield pool
+    finally:
+        _ACROSS_RUNS.reset(token)
+        pool.clear()
