@@ -92,6 +92,11 @@ def for_run(keep_actors: bool) -> tuple[IdleActors | None, bool]:
     return shared, False
 
 
+def kept_across_runs() -> IdleActors | None:
+    """The idle actors of the `across_runs()` block this code runs in, if it runs in one."""
+    return _ACROSS_RUNS.get()
+
+
 @contextlib.contextmanager
 def across_runs() -> Iterator[IdleActors]:
     """Keep actors between the runs made in this block, on one Ray: the next run's targets reuse
