@@ -79,18 +79,14 @@ def free_session_ray(ray: Any) -> str:
     """The session Ray's address, for a `fleet run` in another process, once the actors the
     session's runs keep between them are killed (conftest's `local_ray`): that run cannot reuse
     them, and the slots they hold would keep its own actors from starting."""
-    kept = idle_actors.kept_across_runs()
-    if kept is not None:
-        kept.clear()
+    idle_actors.free_ray()
     return str(ray.get_runtime_context().gcs_address)
 
 
 def assert_no_actors_left() -> None:
     """No target's actor is left, once the ones the session keeps idle between its runs (their
     engines shut down) are killed: a failed or hung actor is never among those."""
-    kept = idle_actors.kept_across_runs()
-    if kept is not None:
-        kept.clear()
+    idle_actors.free_ray()
     for _ in range(50):  # killed actors' workers exit asynchronously
         if not actor_processes():
             return

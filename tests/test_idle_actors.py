@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from test_scheduler import Cluster, fake_ray, run, tables
 
-from fleet.run.idle_actors import across_runs
+from fleet.run.idle_actors import IdleActors, across_runs, keeping
 
 MANIFEST = """
 models:
@@ -127,3 +127,19 @@ def test_across_runs_the_next_run_reuses_the_last_ones_actors(
         assert fresh["status"] == "complete" and outcome.retries == 0
         assert len(two_slots.made) > before and all(int(a) >= before for a in _actors(fresh).values())
     assert all(a.dead for a in two_slots.made if a.id >= before)  # the block's end kills what it kept
+
+
+def test_a_run_outside_the_block_first_frees_the_slots_its_idle_actors_hold(two_slots: Cluster, tmp_path: Path) -> None:
+    """A test session's pool holds idle actors while a module fixture's run, outside it, starts its
+    own: they must not keep its actors from starting."""
+    two = MANIFEST.replace('  - {name: c3, kind: vllm, env: {SOME_FLAG: "1"}}\n', "")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    pool = IdleActors()
+    with keeping(pool):
+        run(tmp_path / "a", two)
+    kept = [a for a in two_slots.made if not a.dead]
+    assert kept and pool.kept
+    _, _, info = run(tmp_path / "b", two)
+    assert info["status"] == "complete"
+    assert all(a.dead for a in kept) and not any(pool.kept.values())

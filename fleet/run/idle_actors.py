@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import weakref
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -45,72 +46,87 @@ def _ray_session() -> str:
 
 
 class IdleActors:
-    """The driver's idle actors, by shape: one run's, killed when it ends, or those of the runs in
-    an `across_runs()` block."""
+    """Idle actors by Ray and shape: one run's, killed when it ends, or those of the runs in an
+    `across_runs()` block."""
 
     def __init__(self) -> None:
-        self.kept: dict[Shape, list[Any]] = {}
-        self.session: str | None = None  # the Ray the kept handles belong to
-
-    def _forget_other_rays(self) -> None:
-        session = _ray_session()
-        if session != self.session:
-            self.kept.clear()  # kept on a Ray since shut down: they went with it
-            self.session = session
+        self.kept: dict[tuple[str, Shape], list[Any]] = {}
+        _POOLS.add(self)
 
     def keep(self, key: Shape, handle: Any) -> None:
-        self._forget_other_rays()
-        self.kept.setdefault(key, []).append(handle)
+        self.kept.setdefault((_ray_session(), key), []).append(handle)
 
     def take(self, key: Shape) -> Any | None:
-        """An idle actor of this shape, or None; with none, every idle actor is killed, so that the
-        new one finds their resources free."""
-        self._forget_other_rays()
-        if self.kept.get(key):
-            return self.kept[key].pop()
-        self.clear()
+        """An idle actor of this shape, or None; with none, every idle actor this process keeps on
+        this Ray (any run's, any block's) is killed, so that the new one finds their resources free."""
+        here = (_ray_session(), key)
+        if self.kept.get(here):
+            return self.kept[here].pop()
+        free_ray()
         return None
 
     def clear(self) -> None:
+        """Kill the idle actors kept on the Ray the driver is connected to (those of a Ray since
+        shut down went with it)."""
         import ray
 
-        for handle in (h for handles in self.kept.values() for h in handles):
-            with contextlib.suppress(Exception):  # already gone: nothing to kill
-                ray.kill(handle, no_restart=True)
-        self.kept.clear()
+        if not ray.is_initialized():
+            self.kept.clear()
+            return
+        session = _ray_session()
+        for where in [where for where in self.kept if where[0] == session]:
+            for handle in self.kept.pop(where):
+                with contextlib.suppress(Exception):  # already gone: nothing to kill
+                    ray.kill(handle, no_restart=True)
+
+
+_POOLS: weakref.WeakSet[IdleActors] = weakref.WeakSet()
+
+
+def free_ray() -> None:
+    """Kill every idle actor this process keeps on the Ray it is connected to (any run's, any
+    block's): what starts next, a new actor, a placement group, another process's run, finds their
+    resources free."""
+    for pool in list(_POOLS):
+        pool.clear()
 
 
 def for_run(keep_actors: bool) -> tuple[IdleActors | None, bool]:
     """A run's idle actors (None: none kept, `run.keep_actors: false`) and whether the run owns
-    them, killing them when it ends: it does, unless an `across_runs()` block does."""
+    them, killing them when it ends: it does, unless a `keeping()` block does."""
     shared = _ACROSS_RUNS.get()
     if shared is None:
         return (IdleActors() if keep_actors else None), True
     if not keep_actors:
-        shared.clear()  # what earlier runs kept would hold resources this run does not count
+        free_ray()  # what earlier runs kept would hold resources this run does not count
         return None, True
     return shared, False
 
 
-def kept_across_runs() -> IdleActors | None:
-    """The idle actors of the `across_runs()` block this code runs in, if it runs in one."""
-    return _ACROSS_RUNS.get()
+@contextlib.contextmanager
+def keeping(pool: IdleActors) -> Iterator[IdleActors]:
+    """The runs in this block keep their actors in `pool`, whose owner kills them (`clear()`): a
+    test session's pool, entered by each test that runs on the session's Ray."""
+    token = _ACROSS_RUNS.set(pool)
+    try:
+        yield pool
+    finally:
+        _ACROSS_RUNS.reset(token)
 
 
 @contextlib.contextmanager
 def across_runs() -> Iterator[IdleActors]:
     """Keep actors between the runs made in this block, on one Ray: the next run's targets reuse
     the processes of the last one's of their shape. Idle actors hold their Ray resources until they
-    are reused, a target of another shape starts, or the block ends. Inside another such block, it
-    is that block's: the outer block's idle actors would otherwise hold slots this one cannot free."""
+    are reused, a new actor starts, or the block ends. Inside another such block, it is that
+    block's."""
     outer = _ACROSS_RUNS.get()
     if outer is not None:
         yield outer
         return
     pool = IdleActors()
-    token = _ACROSS_RUNS.set(pool)
     try:
-        yield pool
+        with keeping(pool):
+            yield pool
     finally:
-        _ACROSS_RUNS.reset(token)
         pool.clear()

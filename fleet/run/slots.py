@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fleet.run.drill import Drill
-from fleet.run.idle_actors import IdleActors, shape
+from fleet.run.idle_actors import IdleActors, free_ray, shape
 from fleet.run.perf_work import Perf
 from fleet.run.placement import add, fits, footprint, reserve
 from fleet.run.work import Describe, Generate, Probe, Score, ScoreStaged, Smoke, Work
@@ -70,8 +70,8 @@ class ActorSlot:
 
         from fleet.contracts.targets import TARGET_ACTOR, engine_side
 
-        if self.idle is not None and self.target.cards > 1:
-            self.idle.clear()  # a multi-card engine reuses none, and its group needs what they hold
+        if self.target.cards > 1:
+            free_ray()  # a multi-card engine reuses none, and its placement group needs what they hold
         self.pg, options = reserve(self.target)
         options["runtime_env"] = {"env_vars": BASE_ENV | self.env | self.target.actor_env()}
         self.shape = shape(options) if self.idle is not None and self.pg is None else None
