@@ -107,4 +107,3 @@ def test_a_shard_far_above_the_others_sends_the_quantile_back_to_the_positions()
     tail = bootstrap.Tail(kept, kept_prompt, floor, len(cand), np.bincount(prompt).astype(float))
     assert tail.quantile(0.99) is None
     assert tail.quantile(0.9999) == bootstrap.quantile(cand, 0.9999)  # its own top is complete
-

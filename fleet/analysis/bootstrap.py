@@ -16,6 +16,7 @@ what differs is Monte-Carlo noise and the bin width (the stated tolerance is in 
 
 from __future__ import annotations
 
+import functools
 from typing import TypeVar
 
 import numpy as np
@@ -95,7 +96,7 @@ def tail_interval(
     """`interval` past EXACT_MAX_VALUES values from tails (the values above a floor, with every
     block's count of those below): the same draws and, for each resample, the same quantile, read
     off the same bins; None where some resample's quantile falls among values a tail lacks."""
-    drawn = draws(np.random.default_rng(seed), units, resamples)
+    drawn = _same_draws(units, resamples, seed)
     c_bins = _Binned.of_tail(cand, units)
     c_q = c_bins.quantiles(drawn, quantile)
     t_bins = _Binned.of_tail(twin, units) if twin is not None else None
@@ -158,6 +159,15 @@ def draw(rng: np.random.Generator, units: int) -> np.ndarray:
     """One resample: how often each of `units` units (prompts, requests) is drawn in `units` draws
     with replacement."""
     return np.bincount(rng.integers(0, units, units), minlength=units)
+
+
+@functools.lru_cache(maxsize=2)
+def _same_draws(units: int, resamples: int, seed: int) -> np.ndarray:
+    """`draws` of a fresh generator: the same for every candidate of as many blocks (a report's
+    candidates nearly always have 1,000), so drawn once (8 MB)."""
+    drawn = draws(np.random.default_rng(seed), units, resamples)
+    drawn.flags.writeable = False
+    return drawn
 
 
 def draws(rng: np.random.Generator, units: int, resamples: int) -> np.ndarray:

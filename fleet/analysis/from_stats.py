@@ -133,7 +133,16 @@ class Pairs:
         cand_rows = order["_c"].cast(pl.Int64).to_numpy() if one_to_one else _rows_of(keys, cand.select(CAND), CAND)
         ref_rows = _rows_of(keys, ref.select(PROMPT), PROMPT)
         return cls(
-            seq, at_d, cand, ref, cand_rows, ref_rows, reference, one_to_one=one_to_one, aggregated=aggregated, source=source
+            seq,
+            at_d,
+            cand,
+            ref,
+            cand_rows,
+            ref_rows,
+            reference,
+            one_to_one=one_to_one,
+            aggregated=aggregated,
+            source=source,
         )
 
     def lists(self, name: str) -> pl.Series:
@@ -181,7 +190,9 @@ def first_step(pairs: Pairs) -> pl.DataFrame:
         *CAND,
         cand_token_id="first_token_id",
         cand_logprob=pl.col("logprobs").list.first().cast(_F64),
-        _tf_logprob=(pl.col("first_ref_logprob") if pairs.aggregated else pl.col("ref_logprobs").list.first()).cast(_F64),
+        _tf_logprob=(pl.col("first_ref_logprob") if pairs.aggregated else pl.col("ref_logprobs").list.first()).cast(
+            _F64
+        ),
         _tied="first_top1_tied",
     )
     ref0 = pairs.ref.lazy().select(

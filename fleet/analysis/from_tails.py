@@ -46,10 +46,9 @@ def figures(
     """(tf_max/mean/p99 of |dlogp|, noise_model.one's row) of one candidate's prompt_stats `rows`
     (`prompt`: each row's rank in key order), or None where only every position gives them.
     `exact_max`: the most positions for which the positions are read (bootstrap.EXACT_MAX_VALUES)."""
-    n = rows["tf_positions"]
-    if n.null_count():  # written before the aggregates
+    if rows["tf_positions"].null_count():  # written before the aggregates
         return None
-    n = n.to_numpy().astype(np.int64)
+    n = rows["tf_positions"].to_numpy().astype(np.int64)
     total = int(n.sum())
     sums = rows["tf_abs_sum"].to_numpy()
     if total <= (bootstrap.EXACT_MAX_VALUES if exact_max is None else exact_max) or not total or np.isnan(sums).any():
@@ -77,7 +76,9 @@ def figures(
     dtype = spec.dtype(model, target)
     allowance = spec.allowance.get(dtype, 1.0)
     twin = _tail(rows, "twin", twin_n, block, units) if twinned else None
-    twin_p99 = twin.quantile(QUANTILE) if twin is not None else DEFAULT_TWIN_P99.get(dtype, DEFAULT_TWIN_P99["bfloat16"])
+    twin_p99 = (
+        twin.quantile(QUANTILE) if twin is not None else DEFAULT_TWIN_P99.get(dtype, DEFAULT_TWIN_P99["bfloat16"])
+    )
     if twin_p99 is None:
         return None
     noise = twin_p99 * allowance

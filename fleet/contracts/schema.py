@@ -140,9 +140,7 @@ PROMPT_STATS = _schema(
         pa.field("kl_nan", pa.bool_(), metadata={"doc": "a KL top-k is NaN"}),
         # |dlogp| aggregates (fleet/results/prompt_tails.py): the report's p99s, means and bootstrap
         pa.field("tf_positions", pa.int32(), metadata={"doc": "positions with logprob and ref_logprob"}),
-        pa.field(
-            "twin_positions", pa.int32(), metadata={"doc": "of which the twin scored (twin_logprob a number)"}
-        ),
+        pa.field("twin_positions", pa.int32(), metadata={"doc": "of which the twin scored (twin_logprob a number)"}),
         pa.field("tf_abs_sum", pa.float64(), metadata={"doc": "sum of |logprob - ref_logprob| there (NaN: a NaN)"}),
         pa.field("tf_abs_max", pa.float64(), metadata={"doc": "largest |logprob - ref_logprob| there"}),
         pa.field(

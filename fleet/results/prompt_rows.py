@@ -174,7 +174,6 @@ def _at_split(tokens: pa.Table, rows: dict[str, pa.Array], starts: np.ndarray) -
     return out
 
 
-
 def _masked(values: pa.Array | pa.ChunkedArray, keep: np.ndarray) -> pa.Array:
     """`values` with null where `keep` is False."""
     return pc.if_else(pa.array(keep), values, pa.nulls(len(values), values.type))

@@ -47,8 +47,8 @@ def of_rows(tokens: pa.Table, starts: np.ndarray) -> dict[str, pa.Array]:
         kept = present & (values >= floor) if floor is not None else np.zeros(len(values), bool)
         ends = np.cumsum(np.add.reduceat(kept.astype(np.int64), starts)) if len(starts) else np.zeros(0, np.int64)
         tail_offsets = pa.array(np.concatenate([[0], ends]).astype(np.int32))
-        columns[f"{prefix}_tail_floor"] = pa.nulls(len(starts), pa.float64()) if floor is None else pa.array(
-            np.full(len(starts), floor)
+        columns[f"{prefix}_tail_floor"] = (
+            pa.nulls(len(starts), pa.float64()) if floor is None else pa.array(np.full(len(starts), floor))
         )
         columns[f"{prefix}_abs_tail"] = pa.ListArray.from_arrays(tail_offsets, pa.array(values[kept]))
     return columns
