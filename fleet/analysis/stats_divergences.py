@@ -95,18 +95,24 @@ def _positions(pairs: Pairs) -> tuple[np.ndarray, np.ndarray]:
 
 def needs_lists(pairs: Pairs) -> bool:
     """Whether `divergences` reads every position's lists (some divergence is not its split)."""
-    return split_values(pairs, *_positions(pairs)) is None
+    return not _at_splits(pairs, *_positions(pairs))
+
+
+def _at_splits(pairs: Pairs, where: np.ndarray, at: np.ndarray) -> bool:
+    """Whether the run has split columns and every divergence is its prompt's top1_split."""
+    if not pairs.aggregated:
+        return False
+    asked = at != NO_POSITION
+    split = pairs.cand["top1_split"].fill_null(-1).cast(pl.Int64).to_numpy()[where]
+    return bool((split[asked] == at[asked]).all())
 
 
 def split_values(pairs: Pairs, where: np.ndarray, at: np.ndarray) -> dict[str, pl.Series] | None:
     """The values at each divergence from the split columns (null where `at` is NO_POSITION), or
     None where a run has no such columns or some divergence is not its prompt's top1_split."""
-    if not pairs.aggregated:
+    if not _at_splits(pairs, where, at):
         return None
     asked = at != NO_POSITION
-    split = pairs.cand["top1_split"].fill_null(-1).cast(pl.Int64).to_numpy()[where]
-    if not (split[asked] == at[asked]).all():
-        return None
     columns = {"_ref_lp": "split_ref_logprob"} | {listed: name for name, listed in SPLIT.items()}
     return {key: pairs.cand[name].gather(where).set(pl.Series(~asked), None) for key, name in columns.items()}
 
