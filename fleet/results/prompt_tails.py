@@ -16,6 +16,7 @@ The values are the ones the report computed itself before: float32 logprobs subt
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 
 TAIL_SHARE = 0.1
@@ -38,7 +39,8 @@ def of_rows(tokens: pa.Table, starts: np.ndarray) -> dict[str, pa.Array]:
     columns = {
         "tf_positions": _per_run(np.add, scored.astype(np.int32), starts),
         "twin_positions": _per_run(np.add, twinned.astype(np.int32), starts),
-        "tf_abs_sum": pa.array(_per_run(np.add, np.where(scored, cand, 0.0), starts)),
+        # Polars' own sum of each prompt's values, as kl_sum (and a group-by's sum) adds them.
+        "tf_abs_sum": _list_sums(np.where(scored, cand, 0.0), starts),
     }
     largest = _per_run(np.maximum, np.where(scored, cand, -np.inf), starts)
     columns["tf_abs_max"] = pa.array(largest, mask=np.isneginf(largest))
@@ -66,6 +68,12 @@ def _numbers(tokens: pa.Table, name: str) -> np.ndarray:
 
 def _per_run(ufunc: np.ufunc, values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return ufunc.reduceat(values, starts) if len(starts) else values[:0]
+
+
+def _list_sums(values: np.ndarray, starts: np.ndarray) -> pa.Array:
+    offsets = pa.array(np.append(starts, len(values)).astype(np.int32))
+    sums = pl.from_arrow(pa.ListArray.from_arrays(offsets, pa.array(values))).list.sum()  # type: ignore[union-attr]
+    return sums.to_arrow()
 
 
 def _floor(values: np.ndarray) -> float | None:
