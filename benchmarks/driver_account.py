@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-# This helper's starting point on issue 23.2 (the driver path's second pass).
+# The driver path as its second pass on issue 23.2 left it (docs/measurements.md).
 BEFORE = "87cae35"
 
 
