@@ -23,8 +23,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    import polars as pl
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
@@ -35,14 +39,15 @@ def replicate(source: Path, dest: Path, *, rows: int, batch: int = 256, stats: b
     """Write the replicated run to `dest`; (token rows, prompts per target, tokens' Arrow bytes)."""
     import polars as pl
 
-    from fleet.results import prompt_rows, reader
+    from fleet.results import reader
     from fleet.results.store import RunStore
 
     info = RunStore(source).info()  # run.json as stored: the copy keeps every field
     tables = {name: frame.collect() for name, frame in reader.load(source).items()}
     # A run from before prompt_stats, or from before a column of it: summarized as a shard is today.
-    if stats and tables["prompt_stats"]["ref_top1_in_topk"].null_count() == tables["prompt_stats"].height:
-        tables["prompt_stats"] = pl.DataFrame(prompt_rows.summarize(tables["tokens"].to_arrow()))
+    newest = ("ref_top1_in_topk", "tf_positions")  # the last columns each schema version added
+    if stats and any(tables["prompt_stats"][c].null_count() == tables["prompt_stats"].height for c in newest):
+        tables["prompt_stats"] = summarized(source)
     if not stats:
         del tables["prompt_stats"]
     store = RunStore.create(dest, info | {"run_id": dest.name})
@@ -67,6 +72,17 @@ def replicate(source: Path, dest: Path, *, rows: int, batch: int = 256, stats: b
     store.update_info(status="complete")
     prompts = tables["requests"].group_by("target").len()["len"].max()
     return copies * tables["tokens"].height, int(prompts) * copies, arrow_bytes  # type: ignore[arg-type]
+
+
+def summarized(source: Path) -> pl.DataFrame:
+    """The source run's prompt_stats as its shards write them today: one tokens file at a time
+    (a shard's aggregates, the |dlogp| floor among them, are the shard's own)."""
+    import polars as pl
+
+    from fleet.results import prompt_rows
+
+    files = sorted((source / "tokens").rglob("*.parquet"))
+    return pl.concat(pl.DataFrame(prompt_rows.summarize(pq.read_table(f))) for f in files)
 
 
 def measure(source: Path, rows: int, top: int, *, stats: bool, keep: Path | None = None) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """Shared fixtures. Engine tests share one local Ray and one run of a small manifest per session:
-starting vLLM costs seconds per engine, so no test starts its own."""
+starting vLLM costs seconds per engine, so no test starts its own; the runs on that Ray also share
+their actor processes (`local_ray`)."""
 
 from __future__ import annotations
 
@@ -91,15 +92,42 @@ def local_ray(fleet_cache: Path) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def engine_run(local_ray: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def session_actors(local_ray: object) -> Iterator[Any]:
+    """The actors the session's runs on its Ray keep between them (fleet/run/idle_actors.py): an
+    engine process imports vLLM once per worker and shape, not once per run (12-17 s of CPU each).
+    Killed when the session ends, or when anything else starts on that Ray (`free_ray`)."""
+    from fleet.run.idle_actors import IdleActors
+
+    pool = IdleActors()
+    yield pool
+    pool.clear()
+
+
+@pytest.fixture(autouse=True)
+def _runs_on_the_session_ray_keep_actors(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test on the session's Ray keeps its runs' actors for the next tests' runs. Tests on a
+    fake Ray (test_scheduler's) or their own Ray keep them per run, as `fleet run` does."""
+    if "local_ray" not in request.fixturenames:
+        yield
+        return
+    from fleet.run.idle_actors import keeping
+
+    with keeping(request.getfixturevalue("session_actors")):
+        yield
+
+
+@pytest.fixture(scope="session")
+def engine_run(local_ray: object, session_actors: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real run: HF float32 reference, vLLM CPU float32 and bfloat16 candidates;
     8 text prompts and the 10 built-in chat prompts with expected answers."""
     from fleet.run import driver
+    from fleet.run.idle_actors import keeping
 
     base = tmp_path_factory.mktemp("engine-run")
     manifest = base / "engine.yaml"
     manifest.write_text(ENGINE_MANIFEST)
-    run_dir, outcome = driver.run(manifest, results_dir=base / "results", run_id="engine", progress=False)
+    with keeping(session_actors):  # set up before the tests' own block (a session fixture)
+        run_dir, outcome = driver.run(manifest, results_dir=base / "results", run_id="engine", progress=False)
     assert not outcome.failures, outcome.failures
     return run_dir
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 import pytest
-from test_faults import assert_exactly_once, assert_no_actors_left, rows, write_manifest
+from test_faults import assert_exactly_once, assert_no_actors_left, free_session_ray, rows, write_manifest
 
 from fleet.results import direct, prompt_stats, reader
 from fleet.results.store import RunStore
@@ -74,7 +74,7 @@ def test_killed_driver_and_killed_actor_leave_every_shard_exactly_once(
     manifest = write_manifest(tmp_path, cand=", seconds_per_token: 0.04", prompts=8)
     run_dir = tmp_path / "results" / "cut"
     cmd = [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(run_dir.parent), "--run-id", "cut"]
-    env = os.environ | {"RAY_ADDRESS": local_ray.get_runtime_context().gcs_address}
+    env = os.environ | {"RAY_ADDRESS": free_session_ray(local_ray)}
     proc = subprocess.Popen([*cmd, *ACTORS], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         while proc.poll() is None and len(list((run_dir / "shards").glob("**/*.parquet"))) < 4:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pyarrow.parquet as pq
@@ -185,7 +186,10 @@ def test_report_recomputes_from_parquet_alone(engine_run: Path) -> None:
     assert "## Performance scenarios" in proc.stdout
 
 
-def test_no_engine_process_left_behind(engine_run: Path) -> None:
+def test_no_engine_process_left_behind(engine_run: Path, session_actors: Any) -> None:
+    # The session keeps actors between its runs (conftest's local_ray): their engines were shut down
+    # when their targets finished; ending the keeping, as a run's or a block's end does, kills them.
+    session_actors.clear()
     # Killed actors' workers exit asynchronously; give them a moment before reading the table.
     for _ in range(50):
         ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout

@@ -21,7 +21,7 @@ import polars as pl
 from own_processes import own_lines
 
 from fleet.results import reader
-from fleet.run import driver
+from fleet.run import driver, idle_actors
 
 MANIFEST = textwrap.dedent(
     """
@@ -75,7 +75,18 @@ def actor_processes() -> list[str]:
     return [line for line in own_lines(ps) if "ray::TargetActor" in line]
 
 
+def free_session_ray(ray: Any) -> str:
+    """The session Ray's address, for a `fleet run` in another process, once the actors the
+    session's runs keep between them are killed (conftest's `local_ray`): that run cannot reuse
+    them, and the slots they hold would keep its own actors from starting."""
+    idle_actors.free_ray()
+    return str(ray.get_runtime_context().gcs_address)
+
+
 def assert_no_actors_left() -> None:
+    """No target's actor is left, once the ones the session keeps idle between its runs (their
+    engines shut down) are killed: a failed or hung actor is never among those."""
+    idle_actors.free_ray()
     for _ in range(50):  # killed actors' workers exit asynchronously
         if not actor_processes():
             return
@@ -86,7 +97,7 @@ def assert_no_actors_left() -> None:
 def cli_run(manifest: Path, results: Path, ray: Any) -> subprocess.CompletedProcess[str]:
     """`fleet run` as a user runs it (run id x), on the session's Ray."""
     cmd = [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(results), "--run-id", "x"]
-    env = os.environ | {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    env = os.environ | {"RAY_ADDRESS": free_session_ray(ray)}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -160,7 +171,7 @@ def test_killed_driver_resumes_only_missing_shards(local_ray: Any, tmp_path: Pat
     manifest = write_manifest(tmp_path, cand=", seconds_per_token: 0.05", prompts=12)
     results = tmp_path / "results"
     cmd = [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(results), "--run-id", "cut"]
-    env = os.environ | {"RAY_ADDRESS": local_ray.get_runtime_context().gcs_address}
+    env = os.environ | {"RAY_ADDRESS": free_session_ray(local_ray)}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     shards_dir = results / "cut" / "shards"
     try:

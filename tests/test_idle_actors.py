@@ -1,8 +1,9 @@
 """Actors kept between targets (fleet/run/idle_actors.py), on test_scheduler's in-process Ray: the
 next target of the same shape builds its engine in the last one's actor, a target of another shape
 gets its own after the kept ones are killed, a kept actor that fails to build is replaced before
-the target counts as failed, and nothing outlives the run. The real path, vLLM engines on a real
-Ray, is test_engine_run's (its bfloat16 candidate runs in the float32 one's process)."""
+the target counts as failed, and nothing outlives the run, or the `across_runs()` block. The real
+path, vLLM engines on a real Ray, is test_engine_run's (its bfloat16 candidate runs in the float32
+one's process) and the test session's (tests/conftest.py `local_ray` keeps actors across runs)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 from test_scheduler import Cluster, fake_ray, run, tables
+
+from fleet.run.idle_actors import IdleActors, across_runs, keeping
 
 MANIFEST = """
 models:
@@ -76,3 +79,67 @@ def test_keep_actors_false_gives_every_target_its_own_process(two_slots: Cluster
     _, _, info = run(tmp_path, MANIFEST.replace("max_attempts: 2}", "max_attempts: 2, keep_actors: false}"))
     assert info["status"] == "complete"
     assert len(set(_actors(info).values())) == 5
+
+
+def test_a_multi_card_target_starts_after_the_kept_actors_are_killed(two_slots: Cluster, tmp_path: Path) -> None:
+    """Its placement group would wait for the slots a kept actor holds (seed 003's TP 2 variants
+    after its TP 1 ones, on a 2-core host) until the start timeout failed it."""
+    manifest = MANIFEST.replace(
+        "{name: c2, kind: vllm, dtype: float32}", "{name: c2, kind: vllm, tensor_parallel_size: 2, num_cpus: 2}"
+    )
+    _, _, info = run(tmp_path, manifest)
+    assert info["status"] == "complete"
+    actors = _actors(info)
+    [alive] = [entry[1:] for entry in two_slots.log if entry[0] == "placement_group"]
+    assert actors["c1"] not in alive  # c1's kept actor was killed before c2's group was asked for
+
+
+def test_across_runs_the_next_run_reuses_the_last_ones_actors(
+    two_slots: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    two = MANIFEST.replace('  - {name: c3, kind: vllm, env: {SOME_FLAG: "1"}}\n', "")
+    for name in "abcde":
+        (tmp_path / name).mkdir()
+    with across_runs() as pool:
+        _, _, first = run(tmp_path / "a", two)
+        kept = [a for a in two_slots.made if not a.dead]
+        assert pool.kept and kept, "the block keeps the run's last actors alive"
+        _, _, second = run(tmp_path / "b", two)
+        assert _actors(second)["c1"] in {str(a.id) for a in kept}  # built in the first run's process
+        assert _actors(second)["ref"] == _actors(first)["ref"]
+        with across_runs() as inner:  # fleet calibrate's block, inside a test session's
+            assert inner is pool
+        assert pool.kept, "an inner block leaves the outer one's actors to it"
+        # A run that keeps none first kills what earlier runs kept: it does not count their slots.
+        run(tmp_path / "c", two.replace("max_attempts: 2}", "max_attempts: 2, keep_actors: false}"))
+        assert not pool.kept and all(a.dead for a in kept)
+        # Handles from a Ray since shut down are forgotten, not handed to a target.
+        run(tmp_path / "d", two)
+        before = len(two_slots.made)
+        import ray
+
+        monkeypatch.setattr(
+            ray,
+            "get_runtime_context",
+            lambda: type("C", (), {"get_node_id": lambda s: "other", "get_job_id": lambda s: "01"})(),
+        )
+        _, outcome, fresh = run(tmp_path / "e", two)
+        assert fresh["status"] == "complete" and outcome.retries == 0
+        assert len(two_slots.made) > before and all(int(a) >= before for a in _actors(fresh).values())
+    assert all(a.dead for a in two_slots.made if a.id >= before)  # the block's end kills what it kept
+
+
+def test_a_run_outside_the_block_first_frees_the_slots_its_idle_actors_hold(two_slots: Cluster, tmp_path: Path) -> None:
+    """A test session's pool holds idle actors while a module fixture's run, outside it, starts its
+    own: they must not keep its actors from starting."""
+    two = MANIFEST.replace('  - {name: c3, kind: vllm, env: {SOME_FLAG: "1"}}\n', "")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    pool = IdleActors()
+    with keeping(pool):
+        run(tmp_path / "a", two)
+    kept = [a for a in two_slots.made if not a.dead]
+    assert kept and pool.kept
+    _, _, info = run(tmp_path / "b", two)
+    assert info["status"] == "complete"
+    assert all(a.dead for a in kept) and not any(pool.kept.values())

@@ -58,7 +58,10 @@ def server() -> Iterator[str]:
 
 
 @pytest.mark.engine  # it starts Ray actors
-def test_two_client_actors_send_one_schedule_and_their_rows_merge(local_ray: Any, server: str) -> None:
+def test_two_client_actors_send_one_schedule_and_their_rows_merge(
+    local_ray: Any, session_actors: Any, server: str
+) -> None:
+    session_actors.clear()  # actors the session's runs keep hold its Ray's slots; these clients need one
     model = ResolvedModel(ModelSpec(name="m", source=PathSource(path=Path("/nonexistent"))), Path("/x"), "w", None)
     engine = EndpointEngine(EndpointArgs(name="ep", base_url=server), model, sampling=Sampling())
     engine._tokenizer = FakeTokenizer()  # a tokenizer double: these prompts only need ids

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fleet.contracts import schema
-from fleet.results import prompt_rows, prompt_stats, topk_arrays
+from fleet.results import prompt_rows, prompt_stats, prompt_tails, topk_arrays
 from fleet.results.prompt_stats import PROMPT
 
 
@@ -61,7 +61,59 @@ def by_sort(tokens: pa.Table, *, kl_sum: str = "list") -> pa.Table:
     )
     if kl_sum == "list":
         rows = rows.with_columns(pl.col("kl_sum").list.sum())
+    rows = pl.concat([rows, _aggregates(frame)], how="horizontal") if rows.height else rows
     return schema.conform(rows.to_arrow(), schema.PROMPT_STATS)
+
+
+def _aggregates(frame: pl.DataFrame) -> pl.DataFrame:
+    """The |dlogp| aggregates and the top-1 split (prompt_tails, prompt_rows._at_split) by their
+    definition: per prompt in key order; each floor the shard's value its top TAIL_SHARE reach."""
+    ref = pl.col("ref_logprob").cast(pl.Float64)
+    scored = pl.col("logprob").is_not_null() & pl.col("ref_logprob").is_not_null()
+    frame = frame.sort(*PROMPT, "position").with_columns(
+        _d=(pl.col("logprob").cast(pl.Float64) - ref).abs(), _w=(pl.col("twin_logprob").cast(pl.Float64) - ref).abs()
+    )
+    frame = frame.with_columns(_scored=scored, _twinned=scored & pl.col("_w").is_not_null() & ~pl.col("_w").is_nan())
+    floors = {}
+    for side, present in (("_d", pl.col("_scored") & ~pl.col("_d").is_nan()), ("_w", pl.col("_twinned"))):
+        values = frame.filter(present)[side].sort(descending=True)
+        n = len(values)
+        keep = int(np.ceil(n * prompt_tails.TAIL_SHARE))
+        floors[side] = None if not n else 0.0 if n <= prompt_tails.TAIL_ALL else values[keep - 1]
+    d, w = pl.col("_d"), pl.col("_w")
+    ref_top1 = pl.col("ref_topk_ids").list.first()
+    differ = ~(pl.col("token_id") == ref_top1).fill_null(False)
+    at_split = {
+        "split_ref_logprob": pl.col("ref_logprob"),
+        "split_ref_top1_logprob": pl.col("ref_topk_logprobs").list.first(),
+        "split_in_ref_topk": pl.col("ref_topk_ids").list.contains(pl.col("token_id")).fill_null(False),
+        "split_ref_top1_id": ref_top1,
+        "split_ref_top1_in_topk": pl.col("topk_ids").list.contains(ref_top1),
+    }
+
+    def tail(side: pl.Expr, present: pl.Expr, floor: float | None) -> pl.Expr:
+        return side.filter(present & (side >= floor)) if floor is not None else side.filter(pl.lit(False))
+
+    return (
+        frame.group_by(PROMPT, maintain_order=True)
+        .agg(
+            tf_positions=pl.col("_scored").sum().cast(pl.Int32),
+            twin_positions=pl.col("_twinned").sum().cast(pl.Int32),
+            tf_abs_sum=pl.when(pl.col("_scored")).then(d).otherwise(0.0),
+            tf_abs_max=pl.when(d.filter(pl.col("_scored")).is_nan().any())
+            .then(float("nan"))
+            .otherwise(d.filter(pl.col("_scored")).max()),
+            tf_tail_floor=pl.lit(floors["_d"], pl.Float64),
+            tf_abs_tail=tail(d, pl.col("_scored") & ~d.is_nan(), floors["_d"]),
+            twin_tail_floor=pl.lit(floors["_w"], pl.Float64),
+            twin_abs_tail=tail(w, pl.col("_twinned"), floors["_w"]),
+            first_ref_logprob=pl.col("ref_logprob").filter(pl.col("position") == 0).first(),
+            top1_split=pl.int_range(pl.len()).filter(differ).first().cast(pl.Int32),
+            **{name: value.filter(differ).first() for name, value in at_split.items()},
+        )
+        .with_columns(pl.col("tf_abs_sum").list.sum())
+        .drop(PROMPT)
+    )
 
 
 def parquet_bytes(table: pa.Table) -> bytes:

@@ -3,6 +3,7 @@ ranges that the shards read themselves; bad files are refused naming the file an
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -108,6 +109,25 @@ def test_bad_rows_name_the_file_and_row(tmp_path: Path, content: str, mapping: s
     (tmp_path / "gsm.jsonl").write_text(content)
     with pytest.raises(ManifestError, match=error):
         load(_manifest(tmp_path, f"{{file: gsm.jsonl, {mapping}}}"))
+
+
+def test_check_leaves_the_cycle_collector_as_it_found_it(tmp_path: Path) -> None:
+    """The check turns Python's cycle collector off while it reads (fleet/contracts/prompt_source.py);
+    after it, passed or failed, the collector is as it was: on stays on, off stays off."""
+    good = PromptFile(file=_write(tmp_path, "parquet", GSM), id="idx", prompt="question")
+    bad = PromptFile(file=_write(tmp_path, "jsonl", [*GSM, {"idx": 10}]), id="idx", prompt="question")
+    assert gc.isenabled()
+    try:
+        assert check(good).rows == 3
+        assert gc.isenabled()
+        with pytest.raises(ValueError, match="row 4: no column 'question'"):  # raised while it reads
+            check(bad)
+        assert gc.isenabled()
+        gc.disable()
+        check(good)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_csv_record_across_lines_is_refused(tmp_path: Path) -> None:

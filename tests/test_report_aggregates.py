@@ -62,6 +62,8 @@ def divergences_of(run: Path, *, flat_lists: bool) -> pl.DataFrame:
     requests, stats, spec = scans["requests"].collect(), scans["prompt_stats"], NoiseSpec.from_info(info)
     if not flat_lists:
         nulls = {"ref_top1_ids": pl.List(pl.Int32), "ref_top1_in_topk": pl.List(pl.Boolean)}
+        # Nor the values at the top-1 split (schema 6): every divergence reads the lists.
+        nulls |= {"top1_split": pl.Int32, "split_ref_top1_id": pl.Int32, "split_ref_top1_in_topk": pl.Boolean}
         stats = stats.with_columns(pl.lit(None, dtype).alias(name) for name, dtype in nulls.items())
     pairs = from_stats.Pairs.load(requests, stats, info.reference)
     _, table, _ = from_stats.figures(pairs, from_stats.first_step(pairs), spec)
@@ -69,6 +71,7 @@ def divergences_of(run: Path, *, flat_lists: bool) -> pl.DataFrame:
 
 
 def test_engine_run_divergences_from_flat_lists_equal_those_from_topk_lists(engine_run: Path) -> None:
+    """From the values at each prompt's top-1 split (schema 6), and from the top-k lists alone."""
     flat = divergences_of(engine_run, flat_lists=True)
     assert flat["first_divergence"].is_not_null().any()  # bfloat16 leaves the reference's path somewhere
     assert_frame_equal(flat, divergences_of(engine_run, flat_lists=False))

@@ -236,6 +236,7 @@ def fake_ray(cluster: Cluster) -> dict[str, types.ModuleType]:
 
     resources = cluster.resources
     ray.is_initialized = lambda: True  # type: ignore[attr-defined]
+    ray.get_runtime_context = lambda: types.SimpleNamespace(get_node_id=lambda: "n", get_job_id=lambda: "01")  # type: ignore[attr-defined]
     ray.cluster_resources = lambda: dict(resources)  # type: ignore[attr-defined]
     ray.nodes = lambda: [{"Alive": True, "Resources": resources, "NodeManagerHostname": "fake"}]  # type: ignore[attr-defined]
     ray.remote = lambda cls: ActorClass()  # type: ignore[attr-defined]
@@ -244,9 +245,13 @@ def fake_ray(cluster: Cluster) -> dict[str, types.ModuleType]:
     ray.kill = kill  # type: ignore[attr-defined]
     util = types.ModuleType("ray.util")
     pg = types.ModuleType("ray.util.placement_group")
-    pg.placement_group = pg.remove_placement_group = lambda *a, **k: None  # type: ignore[attr-defined]
+    # A placement group is logged with the actors alive when it is asked for: what holds resources.
+    pg.placement_group = lambda *a, **k: cluster.log.append(
+        ("placement_group", *(str(x.id) for x in cluster.made if not x.dead))
+    )  # type: ignore[attr-defined]
+    pg.remove_placement_group = lambda *a, **k: None  # type: ignore[attr-defined]
     strategies = types.ModuleType("ray.util.scheduling_strategies")
-    strategies.PlacementGroupSchedulingStrategy = object  # type: ignore[attr-defined]
+    strategies.PlacementGroupSchedulingStrategy = lambda *a, **k: None  # type: ignore[attr-defined]
     return {"ray": ray, "ray.util": util, "ray.util.placement_group": pg, "ray.util.scheduling_strategies": strategies}
 
 

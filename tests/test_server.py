@@ -5,10 +5,12 @@ the session's local Ray. One whole run (`served_run`) then takes both HTTP targe
 HF float32 reference: an `endpoint` target against the module's server with a sentinel key (nothing
 written, results, run.json, logs, may contain that key), and a `vllm-server` target the scheduler
 starts and stops itself. The two kinds used to run one manifest each, each with its own reference.
+The module's last test kills the module server's actor; the clean stop is the `served` target's.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -109,8 +111,10 @@ def other_api_servers(server: tuple[Any, dict[str, str]]) -> list[int]:
 def served_run(
     server: tuple[Any, dict[str, str]], tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, Path, list[int]]:
-    """One run of both HTTP target kinds: (manifest, run directory, the API servers other than the
-    module's still alive once the run returned, waited for up to 10 s)."""
+    """One run of both HTTP target kinds: (manifest, run directory, the processes of the API servers
+    other than the module's, and of the `served` target's process group, still alive once the run
+    returned, waited for up to 10 s)."""
+    from actors.vllm_server import _members
     from fleet.run import driver
 
     base = tmp_path_factory.mktemp("served-run")
@@ -119,11 +123,16 @@ def served_run(
     manifest.write_text(SERVED_MANIFEST.format(model=MODEL, prompts=prompts, base_url=server[1]["base_url"]))
     run_dir, outcome = driver.run(manifest, results_dir=base / "results", run_id="served", progress=False)
     assert not outcome.failures and not outcome.partial, (outcome.failures, outcome.failed_shards)
+    provenance = json.loads((Path(run_dir) / "run.json").read_text())["provenance"]
+    [served] = [p for key, p in provenance.items() if key.split("/")[1] == "served"]
+    # The supervisor, the API server and its engine core ran in the group; none may outlive the run.
+    assert len(json.loads(served["server_threads"])) >= 2, served["server_threads"]
     for _ in range(50):
-        if not other_api_servers(server):
+        left = other_api_servers(server) + sorted(_members(int(served["server_pgid"])))
+        if not left:
             break
         time.sleep(0.2)
-    return manifest, Path(run_dir), other_api_servers(server)
+    return manifest, Path(run_dir), left
 
 
 def test_smoke_checks_pass_on_every_route(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
@@ -249,34 +258,6 @@ def test_endpoint_target_matches_the_reference_and_never_writes_its_key(
     assert "base_url" in (run_dir / "run.json").read_text()  # the provenance is there, the key is not
 
 
-def test_shutdown_stops_the_whole_server(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
-    from actors.vllm_server import _members
-
-    actor, info = server
-    group = int(info["server_pgid"])
-    assert len(_members(group)) >= 3  # supervisor, API server, engine core
-    local_ray.get(actor.shutdown.remote(), timeout=120)
-    assert _members(group) == set()
-
-
-def test_a_killed_actor_takes_its_server_along(local_ray: Any) -> None:
-    from actors.vllm_server import _free_port, _members
-
-    port = _free_port("127.0.0.1")
-    actor = start(local_ray, server_args(name="doomed", port=port, stop_timeout_s=5))
-    deadline = time.monotonic() + 120
-    group = None
-    while time.monotonic() < deadline and not (group and processes_with("EngineCore", group)):
-        group = next((os.getpgid(pid) for pid in processes_with(f"--port {port}")), None)
-        time.sleep(0.2)
-    assert group and processes_with("EngineCore", group), "the engine core never started"
-    local_ray.kill(actor)  # no shutdown, no atexit: only the kernel and Ray act now
-    deadline = time.monotonic() + 60
-    while _members(group) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _members(group) == set()
-
-
 def test_failed_starts_say_why_and_leave_nothing(fleet_cache: Path) -> None:
     from actors.sources import resolver
     from actors.vllm_server import VllmServerEngine, _free_port
@@ -331,3 +312,18 @@ def test_parity_under_load_over_http(served_run: tuple[Path, Path, list[int]]) -
     levels = RunReport.build(run_dir, gates=[]).load_parity
     assert levels is not None and levels["target"].to_list() == ["endpoint", "served"]
     assert (levels["real_divergences"] == 0).all() and (levels["tf_p99_abs_logprob_diff"] < 1e-4).all()
+
+
+def test_a_killed_actor_takes_its_server_along(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
+    """Last in the module: it kills the module's server. Its clean stop is `served_run`'s (the
+    scheduler stops the `served` target, and nothing of its process group outlives the run)."""
+    from actors.vllm_server import _members
+
+    actor, info = server
+    group = int(info["server_pgid"])
+    assert processes_with("EngineCore", group), "the engine core never started"
+    local_ray.kill(actor)  # no shutdown, no atexit: only the kernel and Ray act now
+    deadline = time.monotonic() + 60
+    while _members(group) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _members(group) == set()

@@ -24,7 +24,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
-from test_faults import assert_exactly_once, assert_no_actors_left, write_manifest
+from test_faults import assert_exactly_once, assert_no_actors_left, free_session_ray, write_manifest
 from test_scheduler import (  # noqa: F401  (cluster: the fake-Ray fixture, one definition)
     MANIFEST,
     MODELS,
@@ -232,7 +232,7 @@ def test_fleet_run_killed_between_generation_and_scoring_resumes_exactly_once(lo
     manifest.write_text(manifest.read_text().replace("0.5, logprob_shift", "1.75, logprob_shift"))
     run_dir, log = tmp_path / "results" / "cut", tmp_path / "stderr"
     cmd = [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(run_dir.parent), "--run-id", "cut"]
-    env = os.environ | {"RAY_ADDRESS": local_ray.get_runtime_context().gcs_address}
+    env = os.environ | {"RAY_ADDRESS": free_session_ray(local_ray)}
     with log.open("w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
     try:

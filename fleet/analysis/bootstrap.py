@@ -16,6 +16,7 @@ what differs is Monte-Carlo noise and the bin width (the stated tolerance is in 
 
 from __future__ import annotations
 
+import functools
 from typing import TypeVar
 
 import numpy as np
@@ -56,8 +57,7 @@ def interval(
         c_q = resampled_quantiles(cand, prompt, drawn, quantile)
         t_q = resampled_quantiles(twin, prompt, drawn, quantile) if twin is not None else np.full(resamples, twin_p99)
     else:
-        blocks = prompt % BLOCKS if n_prompts > BLOCKS else prompt
-        units = min(n_prompts, BLOCKS)
+        blocks, units = block_of(prompt)
         drawn = draws(rng, units, resamples)
         c_q = _Binned(cand, blocks, units).quantiles(drawn, quantile)
         t_q = (
@@ -65,10 +65,67 @@ def interval(
             if twin is not None
             else np.full(resamples, twin_p99)
         )
+    return _ratio_interval(c_q, t_q, allowance)
+
+
+def _ratio_interval(c_q: np.ndarray, t_q: np.ndarray, allowance: float) -> tuple[float, float]:
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = np.where(t_q > 0, c_q / (t_q * allowance), np.inf)
     low, high = np.quantile(ratios, [0.025, 0.975])
     return float(low), float(high)
+
+
+def block_of(prompt: np.ndarray) -> tuple[np.ndarray, int]:
+    """(each code's block, the number of blocks) of prompt codes 0..P-1 past EXACT_MAX_VALUES values:
+    prompts dealt in key order into BLOCKS blocks."""
+    n_prompts = int(prompt.max()) + 1
+    return (prompt % BLOCKS if n_prompts > BLOCKS else prompt), min(n_prompts, BLOCKS)
+
+
+def tail_interval(
+    cand: Tail,
+    twin: Tail | None,
+    units: int,
+    *,
+    twin_p99: float,
+    allowance: float,
+    quantile: float,
+    resamples: int,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """`interval` past EXACT_MAX_VALUES values from tails (the values above a floor, with every
+    block's count of those below): the same draws and, for each resample, the same quantile, read
+    off the same bins; None where some resample's quantile falls among values a tail lacks."""
+    drawn = _same_draws(units, resamples, seed)
+    c_bins = _Binned.of_tail(cand, units)
+    c_q = c_bins.quantiles(drawn, quantile)
+    t_bins = _Binned.of_tail(twin, units) if twin is not None else None
+    t_q = t_bins.quantiles(drawn, quantile) if t_bins is not None else np.full(resamples, twin_p99)
+    if c_bins.pooled_reached or (t_bins is not None and t_bins.pooled_reached):
+        return None
+    return _ratio_interval(c_q, t_q, allowance)
+
+
+class Tail:
+    """The values at or above `floor` of a set of non-negative values, with how many there are in all
+    (`n`) and, per block, how many (`block_n`); `block` gives each tail value's block."""
+
+    def __init__(self, values: np.ndarray, block: np.ndarray, floor: float, n: int, block_n: np.ndarray) -> None:
+        self.values, self.block, self.floor, self.n, self.block_n = values, block, floor, n, block_n
+
+    def quantile(self, q: float) -> float | None:
+        """`quantile` of all n values, the same float, when both order statistics it interpolates
+        are in the tail; else None."""
+        index = (self.n - 1) * q
+        below = int(np.floor(index))
+        ranks = min(max(below, 0), self.n - 1), min(max(below + 1, 0), self.n - 1)
+        above = self.values[self.values >= self.floor]  # values >= floor: all of them are here
+        missing = self.n - len(above)
+        if ranks[0] < missing:
+            return None
+        wanted = [ranks[0] - missing, ranks[1] - missing]
+        lo, hi = np.partition(above, wanted)[wanted]
+        return _lerp(lo, hi, index - below)
 
 
 def quantile(values: np.ndarray, q: float) -> float:
@@ -102,6 +159,15 @@ def draw(rng: np.random.Generator, units: int) -> np.ndarray:
     """One resample: how often each of `units` units (prompts, requests) is drawn in `units` draws
     with replacement."""
     return np.bincount(rng.integers(0, units, units), minlength=units)
+
+
+@functools.lru_cache(maxsize=2)
+def _same_draws(units: int, resamples: int, seed: int) -> np.ndarray:
+    """`draws` of a fresh generator: the same for every candidate of as many blocks (a report's
+    candidates nearly always have 1,000), so drawn once (8 MB)."""
+    drawn = draws(np.random.default_rng(seed), units, resamples)
+    drawn.flags.writeable = False
+    return drawn
 
 
 def draws(rng: np.random.Generator, units: int, resamples: int) -> np.ndarray:
@@ -208,6 +274,31 @@ class _Binned:
         self.low, self.high = np.exp2(bin_of / BINS_PER_OCTAVE), np.exp2((bin_of + 1) / BINS_PER_OCTAVE)
         self.floor = float(self.low[1]) if width > 1 else 0.0
 
+    @classmethod
+    def of_tail(cls, tail: Tail, units: int) -> _Binned:
+        """The histograms `__init__` builds from all the values, from a tail: the bins wholly above
+        the floor as they are there, and column 0 pooling the rest of each block (`pooled_reached`
+        says whether a quantile read was in it: then it is not the value from all the values)."""
+        self = cls.__new__(cls)
+        bins = log_bins(tail.values)
+        # A value in a bin above the floor's is above the floor (the bins are monotone): all are here.
+        first = int(log_bins(np.array([tail.floor]))[0]) + 1 if tail.floor > 0 else _ZERO_BIN + 1
+        above = bins >= first
+        width = (int(bins[above].max()) - first + 1 if above.any() else 0) + 1
+        upper = np.bincount(
+            tail.block[above].astype(np.int64) * (width - 1) + (bins[above] - first), minlength=units * (width - 1)
+        ).reshape(units, width - 1)
+        self.hist = np.empty((units, width))
+        self.hist[:, 1:] = upper
+        self.hist[:, 0] = tail.block_n - upper.sum(axis=1)
+        bin_of = first + np.arange(width) - 1
+        self.low, self.high = np.exp2(bin_of / BINS_PER_OCTAVE), np.exp2((bin_of + 1) / BINS_PER_OCTAVE)
+        self.floor = float(self.low[1]) if width > 1 else 0.0
+        self.exact_zeros = False
+        return self
+
+    pooled_reached = False
+
     def quantiles(self, draws: np.ndarray, quantile: float) -> np.ndarray:
         """Every resample's quantile at once: `resampled_quantiles`' ranks and interpolation, on bins."""
         counts = np.cumsum(draws.astype(float) @ self.hist, axis=1)
@@ -222,6 +313,7 @@ class _Binned:
         """The value of 0-based `rank` in each row of cumulative counts: the bin's values taken as
         evenly spread on the log scale."""
         j = (counts <= rank[:, None]).sum(axis=1)  # searchsorted(row, rank, side="right"), per row
+        self.pooled_reached = self.pooled_reached or bool((j == 0).any())
         rows = np.arange(len(counts))
         before = counts[rows, np.maximum(j - 1, 0)]
         with np.errstate(divide="ignore", invalid="ignore"):  # j == 0 rows: replaced below

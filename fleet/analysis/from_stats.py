@@ -20,13 +20,17 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from fleet.analysis import aligned, bootstrap, divergence, key_order, noise_model, parity
+from fleet.analysis import aligned, bootstrap, divergence, from_tails, key_order, noise_model, parity
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.analysis.parity import CAND, PROMPT, RUN
+from fleet.results.prompt_stats import SPLIT
 
 _F64 = pl.Float64
 _CAND_COLUMNS = ["n_positions", "first_token_id", "first_top1_tied", "logprobs", "ref_logprobs", "twin_logprobs"]
-_CAND_COLUMNS += ["top1_scored", "top1_agreed", "kl_positions", "kl_sum", "kl_nan"]
+_CAND_COLUMNS += ["top1_scored", "top1_agreed", "kl_positions", "kl_sum", "kl_nan", *from_tails.COLUMNS]
+_CAND_COLUMNS += ["first_ref_logprob", "top1_split", "split_ref_logprob", *SPLIT]
+# Lists every position of which only the figures of runs without aggregates read (and fallbacks).
+_POSITION_LISTS = ("ref_logprobs", "twin_logprobs")
 NO_POSITION = np.iinfo(np.int64).max  # a position no list reaches (no divergence)
 Row = dict[str, Any] | None  # first_divergence of identical outputs: the prefix is everything
 
@@ -84,6 +88,9 @@ class Pairs:
     ref_row: np.ndarray
     reference: str
     one_to_one: bool = False  # every cand row is one seq row's (cand_row is a permutation of them)
+    # Every cand row has the shards' aggregates (then _POSITION_LISTS are read only if asked, from `source`).
+    aggregated: bool = False
+    source: pl.LazyFrame | None = None  # the candidates' prompt_stats rows, scanned
 
     @classmethod
     def load(cls, requests: pl.DataFrame, stats: pl.LazyFrame, reference: str) -> Pairs:
@@ -103,7 +110,10 @@ class Pairs:
             pl.all().replace(-1, None).cast(pl.Int32)
         )
         del ids
-        cand = stats.filter(~is_ref).select(*CAND, *_CAND_COLUMNS).with_row_index("_file_row").collect()
+        source = stats.filter(~is_ref)
+        aggregated = bool(source.select(pl.col("tf_positions").is_not_null().all()).collect().item())
+        columns = [c for c in _CAND_COLUMNS if not (aggregated and c in _POSITION_LISTS)]
+        cand = source.select(*CAND, *columns).with_row_index("_file_row").collect()
         # Runs of one (model, target) under two weight directories would interleave: then sort them together.
         heads = cand.select(RUN)[_run_starts(cand)]
         if heads.n_unique() != heads.height:
@@ -122,7 +132,24 @@ class Pairs:
         one_to_one = order.select(CAND).equals(keys)
         cand_rows = order["_c"].cast(pl.Int64).to_numpy() if one_to_one else _rows_of(keys, cand.select(CAND), CAND)
         ref_rows = _rows_of(keys, ref.select(PROMPT), PROMPT)
-        return cls(seq, at_d, cand, ref, cand_rows, ref_rows, reference, one_to_one=one_to_one)
+        return cls(
+            seq,
+            at_d,
+            cand,
+            ref,
+            cand_rows,
+            ref_rows,
+            reference,
+            one_to_one=one_to_one,
+            aggregated=aggregated,
+            source=source,
+        )
+
+    def lists(self, name: str) -> pl.Series:
+        """A list column of the cand rows, in their order: loaded with them, or read now."""
+        if name in self.cand.columns or self.source is None:
+            return self.cand[name]
+        return self.source.select(name).collect()[name].gather(self.cand["_file_row"])
 
     def candidates(self) -> Iterator[tuple[str, str, int, int, int, int]]:
         """(model, target, first cand row, end, first seq row, end) of each candidate's blocks."""
@@ -163,7 +190,9 @@ def first_step(pairs: Pairs) -> pl.DataFrame:
         *CAND,
         cand_token_id="first_token_id",
         cand_logprob=pl.col("logprobs").list.first().cast(_F64),
-        _tf_logprob=pl.col("ref_logprobs").list.first().cast(_F64),
+        _tf_logprob=(pl.col("first_ref_logprob") if pairs.aggregated else pl.col("ref_logprobs").list.first()).cast(
+            _F64
+        ),
         _tied="first_top1_tied",
     )
     ref0 = pairs.ref.lazy().select(
@@ -188,10 +217,18 @@ def _gathered(frame: pl.DataFrame, rows: np.ndarray) -> pl.DataFrame:
 
 def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(parity.parity, noise_model.summary, divergence.noise) from one pass over each candidate's lists."""
-    lp, ref_lp, twin_lp = (Flat(pairs.cand[c]) for c in ("logprobs", "ref_logprobs", "twin_logprobs"))
     prompt = pairs.cand["prompt"].to_numpy()
+    flat: dict[str, Flat] = {}  # every position's values, made for the first candidate that needs them
 
     def candidate(model: str, target: str, first_row: int, end: int, first_seq: int, end_seq: int) -> tuple[Row, Row]:
+        prefix = _prefix(pairs, first_seq, end_seq).select(**parity.prefix_expressions())
+        key = {"model": model, "target": target}
+        merged = from_tails.figures(pairs.cand[first_row:end], prompt[first_row:end], spec, model, target)
+        if merged is not None:  # from the shards' aggregates
+            return key | merged[0] | prefix.row(0, named=True), key | merged[1]
+        if not flat:
+            flat.update((c, Flat(pairs.lists(c))) for c in ("logprobs", "ref_logprobs", "twin_logprobs"))
+        lp, ref_lp, twin_lp = flat["logprobs"], flat["ref_logprobs"], flat["twin_logprobs"]
         # numpy, not frames: these are the largest arrays of the report, and numpy hands them back
         # to the system when freed (Polars' allocator keeps what it had).
         ref = ref_lp.numbers(first_row, end)
@@ -209,8 +246,6 @@ def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.Data
         if cand_diff.size and not nan:
             p99 = bootstrap.quantile(cand_diff, divergence.NOISE_QUANTILE)
             tf = dict(zip(_TF, map(float, (cand_diff.max(), cand_diff.mean(), p99)), strict=True))
-        prefix = _prefix(pairs, first_seq, end_seq).select(**parity.prefix_expressions())
-        key = {"model": model, "target": target}
         if not cand_diff.size:  # nothing scored: no noise-model row, as from token rows
             return key | tf | prefix.row(0, named=True), None
         units = np.repeat(prompt[first_row:end].astype(np.int32), lp.n[first_row:end])

@@ -135,7 +135,7 @@ def one(
     if twinned.any():
         # Candidate and twin over the same positions: where the twin did not run (a failed twin
         # shard, a prompt it skipped) the candidate is not compared either.
-        source = f"precision twin ({dtype}) x {allowance:g}"
+        source = twin_source(dtype, allowance)
         if twinned.sum() < len(cand):
             source += f", on the {int(twinned.sum())} of {len(cand)} positions the twin scored"
         if not twinned.all():
@@ -144,7 +144,7 @@ def one(
             twin_values = twin
         twin_p99 = bootstrap.quantile(twin_values, QUANTILE)
     else:
-        source = f"default for {dtype} (no twin ran; SmolLM2-135M measurement) x {allowance:g}"
+        source = default_source(dtype, allowance)
         twin_p99 = DEFAULT_TWIN_P99.get(dtype, DEFAULT_TWIN_P99["bfloat16"])
     noise = twin_p99 * allowance
     cand_q = bootstrap.quantile(cand, QUANTILE) if cand_p99 is None else cand_p99
@@ -156,8 +156,16 @@ def one(
     low, high = bootstrap.interval(
         cand, twin_values, prompt, twin_p99=twin_p99, allowance=allowance, quantile=QUANTILE, resamples=BOOTSTRAP
     )
+    return figures(twin_p99 if twin_values is not None else None, noise, source, excess, (low, high))
+
+
+def figures(
+    twin_p99: float | None, noise: float, source: str, excess: float | None, ci: tuple[float, float]
+) -> dict[str, Any]:
+    """`one`'s row from its parts (fleet/analysis/from_tails.py computes them from aggregates)."""
+    low, high = ci
     return {
-        "twin_p99_abs_logprob_diff": twin_p99 if twin_values is not None else None,
+        "twin_p99_abs_logprob_diff": twin_p99,
         "noise": noise,
         "noise_source": source,
         "tf_excess": excess,
@@ -165,6 +173,16 @@ def one(
         "tf_excess_ci_high": high,
         "precision_verdict": _verdict(low, high),
     }
+
+
+def twin_source(dtype: str, allowance: float) -> str:
+    """noise_source where the twin scored every position."""
+    return f"precision twin ({dtype}) x {allowance:g}"
+
+
+def default_source(dtype: str, allowance: float) -> str:
+    """noise_source where no twin ran."""
+    return f"default for {dtype} (no twin ran; SmolLM2-135M measurement) x {allowance:g}"
 
 
 def _verdict(low: float | None, high: float | None) -> str | None:

@@ -16,6 +16,7 @@ from fleet.analysis import divergence
 from fleet.analysis.from_stats import NO_POSITION, Flat, Pairs
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.analysis.parity import CAND, RUN
+from fleet.results.prompt_stats import SPLIT
 
 _AT_DIVERGENCE = ["ref_top1_logprobs", "in_ref_topk", "ref_top1_ids", "ref_top1_in_topk"]  # flat lists
 
@@ -32,26 +33,26 @@ def divergences(
     """divergence.divergences: each candidate prompt's first divergence, classified from its lists
     (`stats`: the scan `pairs` was loaded from; `lists`: its at_divergence_lists, if read already)."""
     seq = pairs.seq
-    d = seq["first_divergence"].fill_null(NO_POSITION).to_numpy()
-    c = pairs.cand_row
-    where = np.where(c >= 0, c, 0)
-    n = np.where(c >= 0, pairs.cand["n_positions"].fill_null(0).to_numpy()[where], 0)
-    at = np.where(d < n, d, NO_POSITION)  # the token row at the divergence, if the candidate has one
+    where, at = _positions(pairs)
     ids = pairs.tokens_at_divergence
+    file_row = pairs.cand["_file_row"].to_numpy()
+    # Each divergence that is its prompt's top1_split (nearly all: the reference's output followed
+    # its teacher-forced top-1 until there) has its values in the split columns; else every
+    # position's lists are read.
+    value = split_values(pairs, where, at)
+    if value is None:
+        value = _at_rows(at_divergence_lists(stats, pairs.reference) if lists is None else lists, file_row[where], at)
+        value["_ref_lp"] = Flat(pairs.lists("ref_logprobs")).at(where, at)
+    del lists
     frame = seq.select(*CAND, "first_divergence").with_columns(
         cand_token=pl.when(pl.Series(at != NO_POSITION)).then(ids["_cand_token"]),
         ref_token=ids["_ref_token"],
-        _ref_lp=Flat(pairs.cand["ref_logprobs"]).at(where, at),
+        _ref_lp=value["_ref_lp"],
     )
     # The reference's output at the divergence is nearly always its teacher-forced top-1 there,
     # and for it prompt_stats holds ref_in_cand_topk as a flat list. The top-k lists, the bulk of
     # prompt_stats, are read only for the other divergences (and runs written before those
     # columns), streamed from the files by row number, so they are never all in memory.
-    file_row = pairs.cand["_file_row"].to_numpy()
-    flat = at_divergence_lists(stats, pairs.reference) if lists is None else lists
-    del lists
-    value = _at_rows(flat, file_row[where], at)
-    del flat
     known = (value["ref_top1_ids"].cast(pl.Int32) == ids["_ref_token"]).fill_null(False).to_numpy()
     frame = frame.with_columns(
         _ref_top1_lp=value["ref_top1_logprobs"],
@@ -80,6 +81,40 @@ def divergences(
     return divergence.classify(
         frame.lazy().join(thresholds, on=RUN, how="left", maintain_order="left"), in_key_order=True
     )
+
+
+def _positions(pairs: Pairs) -> tuple[np.ndarray, np.ndarray]:
+    """Per seq row: its cand row (0 where none) and the position of its first divergence there
+    (NO_POSITION: no divergence, or the candidate has no token row there)."""
+    d = pairs.seq["first_divergence"].fill_null(NO_POSITION).to_numpy()
+    c = pairs.cand_row
+    where = np.where(c >= 0, c, 0)
+    n = np.where(c >= 0, pairs.cand["n_positions"].fill_null(0).to_numpy()[where], 0)
+    return where, np.where(d < n, d, NO_POSITION)
+
+
+def needs_lists(pairs: Pairs) -> bool:
+    """Whether `divergences` reads every position's lists (some divergence is not its split)."""
+    return not _at_splits(pairs, *_positions(pairs))
+
+
+def _at_splits(pairs: Pairs, where: np.ndarray, at: np.ndarray) -> bool:
+    """Whether the run has split columns and every divergence is its prompt's top1_split."""
+    if not pairs.aggregated:
+        return False
+    asked = at != NO_POSITION
+    split = pairs.cand["top1_split"].fill_null(-1).cast(pl.Int64).to_numpy()[where]
+    return bool((split[asked] == at[asked]).all())
+
+
+def split_values(pairs: Pairs, where: np.ndarray, at: np.ndarray) -> dict[str, pl.Series] | None:
+    """The values at each divergence from the split columns (null where `at` is NO_POSITION), or
+    None where a run has no such columns or some divergence is not its prompt's top1_split."""
+    if not _at_splits(pairs, where, at):
+        return None
+    asked = at != NO_POSITION
+    columns = {"_ref_lp": "split_ref_logprob"} | {listed: name for name, listed in SPLIT.items()}
+    return {key: pairs.cand[name].gather(where).set(pl.Series(~asked), None) for key, name in columns.items()}
 
 
 def _at_rows(lists: pl.DataFrame, rows: np.ndarray, positions: np.ndarray) -> dict[str, pl.Series]:

@@ -15,7 +15,9 @@ because consecutive shards mostly fall in the same one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import hashlib
 import json
 import re
@@ -130,10 +132,11 @@ def check(source: PromptFile) -> PromptFile:
         raise ValueError(msg)
     ids: list[pa.Array] = []
     rows = 0
-    for piece in chunks(source, CHECK_ROWS):
-        prompts = read_slice(piece)
-        ids.append(pa.array([p.id for p in prompts], pa.string()))
-        rows = piece.stop
+    with _no_cycle_collection():
+        for piece in chunks(source, CHECK_ROWS):
+            prompts = read_slice(piece)
+            ids.append(pa.array([p.id for p in prompts], pa.string()))
+            rows = piece.stop
     if not rows:
         msg = f"{source.file}: no prompts in the file"
         raise ValueError(msg)
@@ -144,6 +147,21 @@ def check(source: PromptFile) -> PromptFile:
         msg = f"{source.file}: duplicate ids: {', '.join(dupes)}"
         raise ValueError(msg)
     return source.model_copy(update={"rows": rows, "sha256": digest(source.file)})
+
+
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Python's cycle collector off while a file is checked: each chunk's 20,000 prompts live long
+    enough to count as old objects, so every few chunks triggered a full collection of the whole heap
+    (17 of them for 200,000 prompts, ~70 ms each: a third of the check; docs/measurements.md). A
+    chunk's objects hold no cycles and go by reference counting as the next chunk replaces them."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def read_slice(piece: FileSlice) -> list[Prompt]:

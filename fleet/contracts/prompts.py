@@ -34,7 +34,9 @@ class Expected(Strict):
 
     @model_validator(mode="after")
     def _one_rule(self) -> Expected:
-        rules = [k for k, v in self.model_dump().items() if v is not None]
+        # Field by field rather than model_dump: this runs once per prompt of a checked file, and
+        # model_dump was a third of the check's time (docs/measurements.md).
+        rules = [name for name in RULES if getattr(self, name) is not None]
         if len(rules) != 1:
             msg = f"expected needs exactly one of contains, exact, regex, number (got {rules or 'none'})"
             raise ValueError(msg)
@@ -49,6 +51,10 @@ class Expected(Strict):
     def rule(self) -> str:
         """The rule as stored in the requests table: compact JSON, one key."""
         return json.dumps({k: v for k, v in self.model_dump().items() if v is not None})
+
+
+# Expected's rules, in field order (what model_dump lists).
+RULES = tuple(Expected.model_fields)
 
 
 class Prompt(Strict):

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Versions a reader still reads: 2 lacked run_id (the reader fills it in from run.json) and
 # was laid out without `key=value` directory names; 2 and 3 lacked tokens.twin_logprob (null);
-# 4 lacked prompt_stats.ref_top1_ids and ref_top1_in_topk (null: the report reads topk_ids there).
-READABLE_VERSIONS = ("2", "3", "4", "5")
+# 4 lacked prompt_stats.ref_top1_ids and ref_top1_in_topk (null: the report reads topk_ids there);
+# 5 lacked prompt_stats' aggregates, tf_positions to split_ref_top1_in_topk (null: the report
+# reads every position's lists there).
+READABLE_VERSIONS = ("2", "3", "4", "5", "6")
 
 # Every table starts with these keys; together with `position` they identify a token row.
 _KEYS = [
@@ -136,6 +138,39 @@ PROMPT_STATS = _schema(
         pa.field("kl_positions", pa.int32(), metadata={"doc": "positions with both top-k lists (KL top-k)"}),
         pa.field("kl_sum", pa.float64(), metadata={"doc": "sum of their KL top-k (nats)"}),
         pa.field("kl_nan", pa.bool_(), metadata={"doc": "a KL top-k is NaN"}),
+        # |dlogp| aggregates (fleet/results/prompt_tails.py): the report's p99s, means and bootstrap
+        pa.field("tf_positions", pa.int32(), metadata={"doc": "positions with logprob and ref_logprob"}),
+        pa.field("twin_positions", pa.int32(), metadata={"doc": "of which the twin scored (twin_logprob a number)"}),
+        pa.field("tf_abs_sum", pa.float64(), metadata={"doc": "sum of |logprob - ref_logprob| there (NaN: a NaN)"}),
+        pa.field("tf_abs_max", pa.float64(), metadata={"doc": "largest |logprob - ref_logprob| there"}),
+        pa.field(
+            "tf_tail_floor",
+            pa.float64(),
+            metadata={"doc": "the shard's floor: the |dlogp| its top tenth of positions reach (0: all kept)"},
+        ),
+        pa.field(
+            "tf_abs_tail",
+            pa.list_(pa.float64()),
+            metadata={"doc": "every |logprob - ref_logprob| at or above tf_tail_floor, by position"},
+        ),
+        pa.field("twin_tail_floor", pa.float64(), metadata={"doc": "tf_tail_floor of |twin - reference|"}),
+        pa.field(
+            "twin_abs_tail",
+            pa.list_(pa.float64()),
+            metadata={"doc": "every |twin_logprob - ref_logprob| at or above twin_tail_floor, by position"},
+        ),
+        pa.field("first_ref_logprob", pa.float32(), metadata={"doc": "tokens.ref_logprob at position 0"}),
+        # The values at the first divergence, where it is the split (fleet/analysis/stats_divergences.py)
+        pa.field(
+            "top1_split",
+            pa.int32(),
+            metadata={"doc": "first position whose token is not the first of ref_topk_ids (null: none)"},
+        ),
+        pa.field("split_ref_logprob", pa.float32(), metadata={"doc": "tokens.ref_logprob at top1_split"}),
+        pa.field("split_ref_top1_logprob", pa.float32(), metadata={"doc": "ref_top1_logprobs at top1_split"}),
+        pa.field("split_in_ref_topk", pa.bool_(), metadata={"doc": "in_ref_topk at top1_split"}),
+        pa.field("split_ref_top1_id", pa.int32(), metadata={"doc": "ref_top1_ids at top1_split"}),
+        pa.field("split_ref_top1_in_topk", pa.bool_(), metadata={"doc": "ref_top1_in_topk at top1_split"}),
     ],
 )
 

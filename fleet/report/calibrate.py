@@ -17,6 +17,7 @@ FLAT_P) moves too little under any mutation to test anything: the table says so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,6 +32,8 @@ from fleet.report.model import RunReport, architecture
 from fleet.results import reader
 from fleet.results.info import RunInfo
 from fleet.run import driver
+from fleet.run.cluster import ray_cluster
+from fleet.run.idle_actors import across_runs
 
 FLAT_P = 0.01  # a flat model (default-init synthetic llama) is ~0.004; init_std 0.1 gives ~0.03
 
@@ -114,37 +117,44 @@ def calibrate(
     cut = [*overrides, "perf=[]", "probes={}", "drilldown=false"]
     healthy = [{k: v for k, v in t.items() if k not in ("after", "matrix")} | {"repeat": repeats} for t in candidates]
     ref_target = [t for t in targets if t.get("name") == reference]
-    if healthy_dir is None:
-        healthy_dir, _ = driver.run(
-            manifest_path, results_dir=results_dir, run_id=f"{run_id}-healthy", progress=False,
-            overrides=[*cut, f"targets={json.dumps(ref_target + healthy)}"],
-        )  # fmt: skip
-    info = reader.read_info(healthy_dir)
-    if not info.complete:
-        msg = f"{healthy_dir}: the healthy run is {info.status!r}, not complete: run it again"
-        raise UserError(msg)
-    models = info.model_names
-    config = _config(info, models[0])  # the mutants are built from the first model's config
-    mutants, meta = [], {}
-    for cand in candidates:
-        for family, family_mutations in MUTATIONS.items():
-            for label, size, make in family_mutations:
-                change = make(config)
-                if change is None or label not in chosen:
-                    continue
-                name = f"{cand['name']}.mutant-{label.replace(' ', '-')}"
-                engine_args = dict(cand.get("engine_args") or {})
-                if "hf_overrides" in change:
-                    overrides = dict(engine_args.get("hf_overrides") or {}) | change.pop("hf_overrides")
-                    engine_args["hf_overrides"] = overrides
-                keep = {k: v for k, v in cand.items() if k not in ("after", "matrix", "repeat", "name", "engine_args")}
-                mutants.append(keep | change | {"name": name, "engine_args": engine_args})
-                meta[name] = {"candidate": cand["name"], "family": family, "mutation": label, "size": size}
-    if mutants_dir is None:
-        mutants_dir, _ = driver.run(
-            manifest_path, results_dir=results_dir, run_id=f"{run_id}-mutants", progress=False,
-            overrides=[*cut, f"targets={json.dumps(ref_target + mutants)}"],
-        )  # fmt: skip
+    with contextlib.ExitStack() as runs:
+        if healthy_dir is None or mutants_dir is None:
+            # One Ray for both runs, and the mutants built in the healthy run's actor processes.
+            runs.enter_context(ray_cluster(None, verbose=False))
+            runs.enter_context(across_runs())
+        if healthy_dir is None:
+            healthy_dir, _ = driver.run(
+                manifest_path, results_dir=results_dir, run_id=f"{run_id}-healthy", progress=False,
+                overrides=[*cut, f"targets={json.dumps(ref_target + healthy)}"],
+            )  # fmt: skip
+        info = reader.read_info(healthy_dir)
+        if not info.complete:
+            msg = f"{healthy_dir}: the healthy run is {info.status!r}, not complete: run it again"
+            raise UserError(msg)
+        models = info.model_names
+        config = _config(info, models[0])  # the mutants are built from the first model's config
+        mutants, meta = [], {}
+        for cand in candidates:
+            for family, family_mutations in MUTATIONS.items():
+                for label, size, make in family_mutations:
+                    change = make(config)
+                    if change is None or label not in chosen:
+                        continue
+                    name = f"{cand['name']}.mutant-{label.replace(' ', '-')}"
+                    engine_args = dict(cand.get("engine_args") or {})
+                    if "hf_overrides" in change:
+                        overrides = dict(engine_args.get("hf_overrides") or {}) | change.pop("hf_overrides")
+                        engine_args["hf_overrides"] = overrides
+                    keep = {
+                        k: v for k, v in cand.items() if k not in ("after", "matrix", "repeat", "name", "engine_args")
+                    }
+                    mutants.append(keep | change | {"name": name, "engine_args": engine_args})
+                    meta[name] = {"candidate": cand["name"], "family": family, "mutation": label, "size": size}
+        if mutants_dir is None:
+            mutants_dir, _ = driver.run(
+                manifest_path, results_dir=results_dir, run_id=f"{run_id}-mutants", progress=False,
+                overrides=[*cut, f"targets={json.dumps(ref_target + mutants)}"],
+            )  # fmt: skip
     mutant_dir = mutants_dir
     gates = _gates(raw, meta)
     table = pl.concat([_rows(healthy_dir, gates, None), _rows(mutant_dir, gates, meta)], how="diagonal_relaxed")

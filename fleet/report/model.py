@@ -371,9 +371,12 @@ def _from_stats(requests: pl.DataFrame, stats: pl.LazyFrame, ref: str, spec: Noi
     # The lists the divergences read are decoded while the per-candidate figures run in numpy, each
     # on a core of its own (docs/measurements.md, "fleet report ..., third pass").
     with ThreadPoolExecutor(1) as pool:
-        lists = pool.submit(stats_divergences.at_divergence_lists, stats, ref)
+        needed = stats_divergences.needs_lists(pairs)  # not where every divergence is its split
+        lists = pool.submit(stats_divergences.at_divergence_lists, stats, ref) if needed else None
         parity, noise_table, own = from_stats.figures(pairs, first, spec)
-        per_prompt = stats_divergences.divergences(pairs, stats, spec, noise_table, lists=lists.result())
+        per_prompt = stats_divergences.divergences(
+            pairs, stats, spec, noise_table, lists=lists.result() if lists is not None else None
+        )
     parity = parity.join(stats_divergences.summary_of(per_prompt, own, noise_table), on=["model", "target"], how="left")
     return parity, first, per_prompt, pairs.seq
 

@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fleet.contracts import schema
-from fleet.results import prompt_stats, topk_arrays
-from fleet.results.prompt_stats import PROMPT
+from fleet.results import prompt_stats, prompt_tails, topk_arrays
+from fleet.results.prompt_stats import PROMPT, SPLIT
 
 # Per-row columns of the token rows that prompt_stats lists by position, as they are.
 TOPK = ["topk_ids", "topk_logprobs", "ref_topk_ids", "ref_topk_logprobs"]
@@ -148,7 +148,30 @@ def _per_prompt(tokens: pa.Table, rows: dict[str, pa.Array], starts: np.ndarray)
         "kl_sum": kl_lists.list.sum().to_arrow(),
         "kl_nan": pa.array(np.logical_or.reduceat(np.isnan(np.asarray(kl.fill_null(0.0))) & kl_valid, starts)),
     }
+    columns |= prompt_tails.of_rows(tokens, starts)
+    columns["first_ref_logprob"] = _masked(tokens.column("ref_logprob").take(at_first), has0)
+    columns |= _at_split(tokens, rows, starts)
     return pa.table(columns)
+
+
+def _at_split(tokens: pa.Table, rows: dict[str, pa.Array], starts: np.ndarray) -> dict[str, pa.Array]:
+    """Each prompt's top1_split (the first position whose token is not the reference's teacher-forced
+    top-1, an unscored one included) and the values there that the report's divergence table reads:
+    where the reference's own output followed its top-1 up to there, the first divergence is that
+    position, and the report reads these instead of every position's lists."""
+    n = tokens.num_rows
+    token = tokens.column("token_id").combine_chunks()
+    same = np.asarray(pc.equal(token.cast(pa.int64()), rows["ref_top1_ids"].cast(pa.int64())).fill_null(False))
+    index = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+    first = np.minimum.reduceat(np.where(same, n, np.arange(n)), starts)  # n: none in the run
+    found = first < np.append(starts[1:], n)
+    row = pa.array(np.where(found, first, 0))
+    # Positions 0..n-1 (contiguous): the list index is the position; else the report does not use these.
+    out = {"top1_split": pa.array(np.where(found, index[np.minimum(first, n - 1)], 0).astype(np.int32), mask=~found)}
+    out["split_ref_logprob"] = _masked(tokens.column("ref_logprob").take(row), found)
+    for name, listed_as in SPLIT.items():
+        out[name] = _masked(rows[listed_as].take(row), found)
+    return out
 
 
 def _masked(values: pa.Array | pa.ChunkedArray, keep: np.ndarray) -> pa.Array:

@@ -19,6 +19,13 @@ _F64 = pl.Float64
 # float32 logprobs leave ~1e-7 of noise in 1 - sum(p), so tails that small mean "none" anyway.
 TAIL_FLOOR = 1e-12
 PROMPT = ["model", "model_weights", "target", "prompt_set", "prompt_id"]
+# The values at a prompt's top1_split (fleet/results/prompt_rows.py), each from its per-position list.
+SPLIT = {
+    "split_ref_top1_logprob": "ref_top1_logprobs",
+    "split_in_ref_topk": "in_ref_topk",
+    "split_ref_top1_id": "ref_top1_ids",
+    "split_ref_top1_in_topk": "ref_top1_in_topk",
+}
 
 
 def topk_slots(k: int) -> dict[str, pl.Expr]:

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 from fleet.results.direct import actor_env
 from fleet.results.staging import Staging
 from fleet.results.store import now
+from fleet.run import idle_actors
 from fleet.run.follow_up import FollowUp
-from fleet.run.idle_actors import IdleActors
 from fleet.run.outcome import GateCheck, Outcome, Verdicts
 from fleet.run.placement import fits, reservation, turns_note
 from fleet.run.slots import AdmittedModel
@@ -84,7 +84,7 @@ class Loop:
         # Shards a killed run staged: scored now, not generated again (the rest of the area goes).
         staged = self.staging.recover({s.shard_id for plan in plans for s in plan.shards})
         # A released actor waits for the next target of its shape (run.keep_actors).
-        self.idle = IdleActors() if manifest.run.keep_actors else None
+        self.idle, self.owns_idle = idle_actors.for_run(manifest.run.keep_actors)
         self.waiting = deque(
             AdmittedModel(
                 manifest.model(plan.model),
@@ -111,6 +111,7 @@ class Loop:
         they produce; returns what failed."""
         import ray
 
+        finished = False
         try:
             while self.waiting or self.active:
                 self._admit()
@@ -129,11 +130,12 @@ class Loop:
                 else:
                     self._expire()
                 self._retire()
+            finished = True
         finally:
             for admitted in self.active:
                 for slot in admitted.slots.values():
                     slot.stop()
-            if self.idle is not None:
+            if self.idle is not None and (self.owns_idle or not finished):
                 self.idle.clear()
             self.writer.stop()
         self.writer.wait()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fleet.run.drill import Drill
-from fleet.run.idle_actors import IdleActors, shape
+from fleet.run.idle_actors import IdleActors, free_ray, shape
 from fleet.run.perf_work import Perf
 from fleet.run.placement import add, fits, footprint, reserve
 from fleet.run.target_work import Describe, Probe, Smoke
@@ -71,6 +71,8 @@ class ActorSlot:
 
         from fleet.contracts.targets import TARGET_ACTOR, engine_side
 
+        if self.target.cards > 1:
+            free_ray()  # a multi-card engine reuses none, and its placement group needs what they hold
         self.pg, options = reserve(self.target)
         options["runtime_env"] = {"env_vars": BASE_ENV | self.env | self.target.actor_env()}
         self.shape = shape(options) if self.idle is not None and self.pg is None else None
