@@ -24,9 +24,9 @@ import pyarrow as pa
 import pytest
 
 from actors.test_double import TestDoubleEngine
-from fleet.contracts import schema
+from fleet.contracts import schema, stored_tables
 from fleet.contracts.engine import LoadRows, PerfResult, ResolvedModel
-from fleet.contracts.schema import LOAD_PHASES, LOAD_REQUESTS, LOAD_TOKENS
+from fleet.contracts.perf_schema import LOAD_PHASES, LOAD_REQUESTS, LOAD_TOKENS
 from fleet.contracts.spec import Shard
 from fleet.contracts.targets import TestDoubleArgs
 from fleet.results import reader
@@ -69,7 +69,7 @@ def _zero(t: pa.DataType) -> Any:
 
 def _row(table: str, **values: Any) -> pa.Table:
     """One row of `table`: the given values, zero for other required columns."""
-    declared = schema.all_tables()[table]
+    declared = stored_tables.all_tables()[table]
     columns = {f.name: values.get(f.name, _zero(f.type)) for f in declared if f.name in values or not f.nullable}
     return pa.table({name: pa.array([v], declared.field(name).type) for name, v in columns.items()})
 
