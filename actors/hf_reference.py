@@ -11,8 +11,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from actors.tables import scores_table, to_generation
+from fleet.contracts.backend_args import HFArgs
 from fleet.contracts.engine import Completion, Engine, Generation, Prefix
-from fleet.contracts.targets import HFArgs
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

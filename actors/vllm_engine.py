@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from actors.tables import score_rows, scores_table, teacher_forced, to_generation, top_k
 from actors.vllm_stream import StepBridge, request_stats
 from actors.vllm_worker import RANK_FACTS, WORKER_EXTENSION
+from fleet.contracts.backend_args import VllmArgs
 from fleet.contracts.engine import Completion, Engine, Generation
-from fleet.contracts.targets import VllmArgs
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

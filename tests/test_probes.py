@@ -373,8 +373,8 @@ def model(fleet_cache: Path) -> Any:
 
 def _hf(model: Any, name: str, dtype: str) -> Any:
     from actors.hf_reference import HFEngine
+    from fleet.contracts.backend_args import HFArgs
     from fleet.contracts.spec import Sampling
-    from fleet.contracts.targets import HFArgs
 
     return HFEngine(HFArgs(name=name, dtype=dtype), model, sampling=Sampling(max_tokens=4))
 
@@ -396,8 +396,8 @@ def vllm_engine(model: Any) -> Iterator[Any]:
     import vllm
 
     from actors.vllm_engine import VllmEngine
+    from fleet.contracts.backend_args import CPU_ENV, VllmArgs
     from fleet.contracts.spec import Sampling
-    from fleet.contracts.targets import CPU_ENV, VllmArgs
 
     real = vllm.LLM
     with pytest.MonkeyPatch.context() as mp:
