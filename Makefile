@@ -60,5 +60,5 @@ clean:
 	rm -rf $(VENV)
 
 docs: setup
-	$(PY) -m fleet.contracts.schema
+	$(PY) -m fleet.contracts.schema_docs
 	$(PY) -m fleet.run.reference docs/manifest.md

@@ -1,15 +1,15 @@
 """The engine side: everything that runs inside the Ray actor that owns a card.
 
 It imports fleet.contracts only, never the driver. Engine classes are registered in
-fleet/contracts/targets.py by "module:Class" string and imported here, inside the actor.
+fleet/contracts/backends.py by "module:Class" string and imported here, inside the actor.
 """
 
 from __future__ import annotations
 
 import importlib
 
+from fleet.contracts.backends import BACKENDS
 from fleet.contracts.engine import Engine
-from fleet.contracts.targets import BACKENDS
 
 
 def engine_class(kind: str) -> type[Engine]:

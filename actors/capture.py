@@ -1,7 +1,7 @@
 """Engine-side helpers for the deep parity probes (issue 6): full-vocabulary logprobs and hidden states.
 
 The engines compute, this module packs: each probe returns one Arrow table of the schemas in
-fleet.contracts.schema.PROBE_TABLES, with the long float vectors as `list<float32>` columns built straight
+fleet.contracts.probe_schema.PROBE_TABLES, with the long float vectors as `list<float32>` columns built straight
 from numpy (no Python float per element: a Qwen2.5 vocabulary is 151,936 entries per row).
 Imports numpy and pyarrow only; torch and vLLM stay in the engines.
 """
@@ -41,7 +41,7 @@ class LayerRows:
 
 
 def keys(model: ResolvedModel, target: str, prompt_set: str) -> dict[str, str]:
-    """The key columns every probe row starts with (fleet.contracts.schema._KEYS)."""
+    """The key columns every probe row starts with (fleet.contracts.schema.KEYS)."""
     return {"model": model.name, "model_weights": model.weights, "target": target, "prompt_set": prompt_set}
 
 
@@ -61,7 +61,7 @@ def float_lists(arrays: list[np.ndarray]) -> pa.Array:
 
 def logits_table(key: dict[str, str], prompts: list[LogitsRows]) -> pa.Table:
     """PROBE_LOGITS rows: one per (prompt, position)."""
-    from fleet.contracts import schema
+    from fleet.contracts import probe_schema
 
     rows = [
         {
@@ -74,12 +74,12 @@ def logits_table(key: dict[str, str], prompts: list[LogitsRows]) -> pa.Table:
         for i in range(len(p.logprobs))
     ]
     vectors = [row for p in prompts for row in p.logprobs]
-    return _table(key, rows, "logprobs", vectors, schema.PROBE_LOGITS)
+    return _table(key, rows, "logprobs", vectors, probe_schema.PROBE_LOGITS)
 
 
 def layers_table(key: dict[str, str], prompts: list[LayerRows]) -> pa.Table:
     """PROBE_LAYERS rows: one per (prompt, layer), hidden states flattened [positions x hidden_size]."""
-    from fleet.contracts import schema
+    from fleet.contracts import probe_schema
 
     rows = [
         {
@@ -95,7 +95,7 @@ def layers_table(key: dict[str, str], prompts: list[LayerRows]) -> pa.Table:
         for (layer, kind), h in zip(p.layers, p.hidden, strict=True)
     ]
     vectors = [h for p in prompts for h in p.hidden]
-    return _table(key, rows, "hidden", vectors, schema.PROBE_LAYERS)
+    return _table(key, rows, "hidden", vectors, probe_schema.PROBE_LAYERS)
 
 
 def _table(

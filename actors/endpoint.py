@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.openai_engine import OpenAIEngine
-from fleet.contracts.targets import EndpointArgs
+from fleet.contracts.backend_args import EndpointArgs
 
 
 class EndpointEngine(OpenAIEngine):

@@ -11,8 +11,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from actors.tables import scores_table, to_generation
+from fleet.contracts.backend_args import HFArgs
 from fleet.contracts.engine import Completion, Engine, Generation, Prefix
-from fleet.contracts.targets import HFArgs
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -229,7 +229,7 @@ class HFEngine(Engine):
         return self.twins[dtype]
 
     def probe_logits(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions = "last") -> pa.Table:
-        """fleet.contracts.schema.PROBE_LOGITS: float32 log-softmax over the full vocabulary after the last
+        """fleet.contracts.probe_schema.PROBE_LOGITS: float32 log-softmax over the full vocabulary after the last
         prompt token ("last") or after every prompt token ("all"), one forward pass per prompt.
         Prompts are rendered as in generate (chat messages through the chat template)."""
         from actors import capture as probes
@@ -255,7 +255,7 @@ class HFEngine(Engine):
         sublayers: bool = False,
         twin: str | None = None,
     ) -> pa.Table:
-        """fleet.contracts.schema.PROBE_LAYERS: hidden states of every prompt position ("all") or the
+        """fleet.contracts.probe_schema.PROBE_LAYERS: hidden states of every prompt position ("all") or the
         last one, after each layer (actors/hf_layers.py); `sublayers` adds each decoder layer's
         attention and MLP outputs; `twin` (a dtype) probes the precision twin instead of this model.
         A `Prefix` is probed as the token ids it holds, a prompt as `render` gives it."""

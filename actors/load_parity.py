@@ -102,13 +102,13 @@ def _rows(
     *,
     n_solo: int,
 ) -> LoadRows:
-    """schema.LOAD_TABLES rows of the solo completions (the first `n_solo`) and the loaded ones, built as a
+    """perf_schema.LOAD_TABLES rows of the solo completions (the first `n_solo`) and the loaded ones, built as a
     parity shard's are (actors/tables.py) plus the level's keys."""
     import pyarrow as pa
 
     from actors.tables import to_generation
     from fleet.contracts import schema
-    from fleet.contracts.schema import LOAD_REQUESTS, LOAD_TOKENS
+    from fleet.contracts.perf_schema import LOAD_REQUESTS, LOAD_TOKENS
     from fleet.contracts.spec import Shard
 
     assert scenario.parity is not None

@@ -136,7 +136,7 @@ def tables(keys: dict[str, Any], rate: float | None, sent: Sent, *, probe: int =
 
     import pyarrow as pa
 
-    from fleet.contracts import schema
+    from fleet.contracts import perf_schema
 
     def since(x: float | None, origin: float | None) -> float | None:
         return None if x is None or origin is None else x - origin
@@ -186,8 +186,12 @@ def tables(keys: dict[str, Any], rate: float | None, sent: Sent, *, probe: int =
         "prefix_cache_queries": sent.prefix_cache[0] if sent.prefix_cache else None,
         "prefix_cache_hits": sent.prefix_cache[1] if sent.prefix_cache else None,
     }
-    requests = pa.Table.from_pylist(rows, schema=schema.PERF_REQUESTS) if rows else schema.PERF_REQUESTS.empty_table()
-    return PerfResult(requests, pa.Table.from_pylist([level_row], schema=schema.PERF_LEVELS))
+    requests = (
+        pa.Table.from_pylist(rows, schema=perf_schema.PERF_REQUESTS)
+        if rows
+        else perf_schema.PERF_REQUESTS.empty_table()
+    )
+    return PerfResult(requests, pa.Table.from_pylist([level_row], schema=perf_schema.PERF_LEVELS))
 
 
 def counted(run: Send, cache: CacheCounters | None) -> Send:

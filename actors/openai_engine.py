@@ -195,10 +195,10 @@ class OpenAIEngine(Engine):
     # -- smoke and perf ---------------------------------------------------------------------
 
     def smoke(self) -> pa.Table:
-        """fleet.contracts.schema.SMOKE rows: one request each to completions and chat/completions."""
+        """fleet.contracts.perf_schema.SMOKE rows: one request each to completions and chat/completions."""
         import pyarrow as pa
 
-        from fleet.contracts import schema
+        from fleet.contracts import perf_schema
 
         async def check(session: aiohttp.ClientSession, route: str, body: dict[str, Any] | None) -> dict[str, Any]:
             row: dict[str, Any] = {"model": self.model.name, "model_weights": self.model.weights}
@@ -225,7 +225,7 @@ class OpenAIEngine(Engine):
             async with self.http.session(2) as session:
                 return [await check(session, route, body) for route, body in SMOKE_CHECKS.items()]
 
-        return pa.Table.from_pylist(asyncio.run(run()), schema=schema.SMOKE)
+        return pa.Table.from_pylist(asyncio.run(run()), schema=perf_schema.SMOKE)
 
     def perf(
         self,

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.tables import dense_generation
+from fleet.contracts.backend_args import TestDoubleArgs
 from fleet.contracts.engine import Chunk, Completion, Engine, Generation
-from fleet.contracts.targets import TestDoubleArgs
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from actors.tables import score_rows, scores_table, teacher_forced, to_generation, top_k
 from actors.vllm_stream import StepBridge, request_stats
 from actors.vllm_worker import RANK_FACTS, WORKER_EXTENSION
+from fleet.contracts.backend_args import VllmArgs
 from fleet.contracts.engine import Completion, Engine, Generation
-from fleet.contracts.targets import VllmArgs
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -131,7 +131,7 @@ class VllmEngine(Engine):
         return scores_table(out)
 
     def probe_logits(self, prompts: list[Prompt], *, prompt_set: str, positions: Positions = "last") -> pa.Table:
-        """fleet.contracts.schema.PROBE_LOGITS from one engine call: `max_tokens=1, logprobs=-1` gives the full
+        """fleet.contracts.probe_schema.PROBE_LOGITS from one engine call: `max_tokens=1, logprobs=-1` gives the full
         distribution after the last prompt token; "all" adds `prompt_logprobs=-1`, whose entry
         t + 1 is the distribution after prompt token t. Raw logprobs (before any sampling
         processor), float32. Needs an engine built with `max_logprobs=-1`: that reserves nothing

@@ -30,7 +30,7 @@ from typing import Any
 
 from actors import vllm_surface
 from actors.openai_engine import OpenAIEngine
-from fleet.contracts.targets import VllmServerArgs
+from fleet.contracts.backend_args import VllmServerArgs
 
 SERVER = "vllm.entrypoints.openai.api_server"
 

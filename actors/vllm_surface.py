@@ -65,7 +65,7 @@ SURFACE: tuple[Item, ...] = (
             "distributed_executor_backend",  # "uni", "mp" or "ray": fleet/contracts/targets.py
             "max_logprobs",
             "max_model_len",
-            "load_format",  # fleet/contracts/targets.py: a dummy-weights target is perf-only
+            "load_format",  # fleet/contracts/backend_args.py: a dummy-weights target is perf-only
             "worker_extension_cls",  # actors/vllm_worker.py: rank facts by method name
         )
     ),
@@ -166,7 +166,7 @@ SURFACE: tuple[Item, ...] = (
     ),
     Item("http_field", "ModelCard.max_model_len"),
     Item("route", "/version"),
-    # fleet/contracts/targets.py CPU_ENV and the test / benchmark environment
+    # fleet/contracts/backend_args.py CPU_ENV and the test / benchmark environment
     *(
         Item("env", e)
         for e in (

@@ -32,7 +32,7 @@ from fleet.contracts.errors import UserError
 from fleet.contracts.sources import cache_root
 
 if TYPE_CHECKING:
-    from fleet.contracts.targets import WeightNoise
+    from fleet.contracts.backend_args import WeightNoise
 
 MARKER = ".complete"
 

@@ -39,7 +39,7 @@ MODEL = {
 
 def setup_env() -> None:
     """The environment fleet-eval's actors run vLLM with on CPU (before vllm is imported)."""
-    from fleet.contracts.targets import CPU_ENV
+    from fleet.contracts.backend_args import CPU_ENV
 
     for key, value in (CPU_ENV | {"VLLM_NO_USAGE_STATS": "1", "TOKENIZERS_PARALLELISM": "false"}).items():
         os.environ.setdefault(key, value)
@@ -129,9 +129,9 @@ def vllm_bench(description: str) -> VllmBench:
     setup_env()
 
     from actors.vllm_engine import VllmEngine
+    from fleet.contracts.backend_args import VllmArgs
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.spec import Sampling, Shard
-    from fleet.contracts.targets import VllmArgs
 
     resolved, _ = model()
     texts = prompts(opts.prompts)

@@ -77,11 +77,11 @@ def timed_run(path: Path, results: Path) -> tuple[float, float, int]:
 def write_rate(tmp: Path, *, shards: int, prompts: int, tokens: int) -> float:
     """Token rows/s through RunStore.write (atomic, fsynced, zstd), on test-double generations."""
     from actors.test_double import TestDoubleEngine
+    from fleet.contracts.backend_args import TestDoubleArgs
     from fleet.contracts.engine import ResolvedModel
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.sources import SyntheticSource
     from fleet.contracts.spec import ModelSpec, Sampling, Shard
-    from fleet.contracts.targets import TestDoubleArgs
     from fleet.results.store import RunStore
 
     model = ResolvedModel(ModelSpec(name="m", source=SyntheticSource()), tmp, "w" * 16, None)

@@ -59,11 +59,11 @@ def shard(tmp: Path, *, prompts: int, tokens: int) -> tuple[Any, Any, Any]:
     """(Generation, the reference's scores, scored token rows) of a test-double candidate shard, top-5,
     scored by a test-double reference (benchmarks/prompt_scale.py times the same shard's steps)."""
     from actors.test_double import TestDoubleEngine
+    from fleet.contracts.backend_args import TestDoubleArgs
     from fleet.contracts.engine import ResolvedModel
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.sources import SyntheticSource
     from fleet.contracts.spec import ModelSpec, Sampling, Shard
-    from fleet.contracts.targets import TestDoubleArgs
     from fleet.results.direct import join_scores
 
     model = ResolvedModel(ModelSpec(name="m", source=SyntheticSource()), tmp, "w" * 16, None)

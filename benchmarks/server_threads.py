@@ -6,7 +6,7 @@ with the same flags: output tok/s of one perf scenario, side by side in one run.
 Variants, each started fresh every round (rounds alternate the order), all measured by the same
 load generator (fleet's streaming OpenAI client, actors/loadgen.py) on the benchmark model:
 - "fleet num_cpus=N": VllmServerEngine as its actor runs it: the CPU defaults of
-  fleet/contracts/targets.py (in-process engine core, `nobind`) and the threads of
+  fleet/contracts/backend_args.py (in-process engine core, `nobind`) and the threads of
   actors/threads.py (OMP_NUM_THREADS = MKL_NUM_THREADS = N), which the server inherits.
 - "fleet num_cpus=1": the same with one CPU slot: what every server ran with before the actor
   set its threads (Ray's OMP_NUM_THREADS=1, inherited).
@@ -47,9 +47,9 @@ def main() -> None:
     from actors import threads
     from actors.endpoint import EndpointEngine
     from actors.vllm_server import VllmServerEngine, _free_port
+    from fleet.contracts.backend_args import EndpointArgs, VllmServerArgs
     from fleet.contracts.scenario import Scenario
     from fleet.contracts.spec import Sampling
-    from fleet.contracts.targets import EndpointArgs, VllmServerArgs
 
     resolved, _ = _common.model()
     sampling = Sampling(max_tokens=16, logprobs=5)

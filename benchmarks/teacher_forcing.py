@@ -23,9 +23,9 @@ def main() -> None:
     _common.setup_env()
 
     from actors.hf_reference import HFEngine
+    from fleet.contracts.backend_args import HFArgs
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.spec import Sampling, Shard
-    from fleet.contracts.targets import HFArgs
 
     resolved, _ = _common.model()
     texts = _common.prompts(opts.prompts)

@@ -59,9 +59,9 @@ def main() -> None:
     from actors import threads
     from actors.vllm_server import VllmServerEngine
     from fleet.analysis.perf import summary
+    from fleet.contracts.backend_args import VllmServerArgs
     from fleet.contracts.scenario import Scenario
     from fleet.contracts.spec import Sampling
-    from fleet.contracts.targets import VllmServerArgs
 
     resolved, _ = _common.model()
     args = VllmServerArgs(name="srv", dtype="bfloat16", max_model_len=512, num_cpus=2)

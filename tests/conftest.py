@@ -18,7 +18,7 @@ from work_units import pytest_collection_modifyitems, pytest_xdist_make_schedule
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-# The harness's own tests may name the test-double kind (fleet/contracts/targets.py).
+# The harness's own tests may name the test-double kind (fleet/contracts/backend_args.py).
 os.environ["FLEET_ALLOW_TEST_DOUBLE"] = "1"
 
 # 8 prompts x 32 tokens, as in docs/platform.md's parity table.

@@ -2,7 +2,7 @@
 
 On a card vLLM runs its engine core in a child process (`VLLM_ENABLE_V1_MULTIPROCESSING=1`, its
 default), and everything fleet hands the engine crosses that boundary through msgspec. CPU
-targets run the engine in the actor's process (fleet/contracts/targets.py `CPU_ENV`), so the rest
+targets run the engine in the actor's process (fleet/contracts/backend_args.py `CPU_ENV`), so the rest
 of the suite never crosses it. Here every vLLM target keeps what only vLLM's CPU build needs (the
 KV-cache size and the thread binding) and takes the accelerator's layout instead (`ACCELERATOR`).
 

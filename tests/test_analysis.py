@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fleet.analysis import parity as analysis
-from fleet.contracts import schema
+from fleet.contracts import schema, stored_tables
 from fleet.contracts.errors import UserError
 from fleet.results import reader
 
@@ -319,7 +319,7 @@ def test_load(tmp_path: Path) -> None:
     part.parent.mkdir(parents=True)
     pq.write_table(schema.conform(REQUESTS.filter(pl.col("target") == CAND).to_arrow(), schema.REQUESTS), part)
     frames = reader.load(tmp_path)
-    assert sorted(frames) == sorted(schema.all_tables())
+    assert sorted(frames) == sorted(stored_tables.all_tables())
     requests = frames["requests"].collect()
     assert requests.height == 2 and set(requests["target"]) == {CAND}
     # No tokens files: an empty frame that still has the table's columns and types.

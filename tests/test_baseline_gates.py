@@ -25,7 +25,7 @@ from test_perf import _request, mixed_level
 from fleet import cli
 from fleet.analysis import gates, perf, perf_resample
 from fleet.analysis.baseline import RunBaselines
-from fleet.contracts import schema
+from fleet.contracts import perf_schema
 from fleet.contracts.gates import RESAMPLED, Gate
 from fleet.report import compare
 from fleet.report.model import RunReport
@@ -62,10 +62,10 @@ def perf_run(
         rows.append(_request(i, gap, [gap] * (TOKENS - 1), TOKENS * gap) | key)
     store = RunStore(run)
     shard = f"m/cand/decode/{level:05d}"
-    store.write("perf_requests", shard, _table(schema.PERF_REQUESTS, rows))
+    store.write("perf_requests", shard, _table(perf_schema.PERF_REQUESTS, rows))
     wall = sum(r["e2e_s"] for r in rows) / level
     level_row = key | {"wall_s": wall, "n_requests": 32, "n_errors": 0, "hostname": "node-1"}
-    store.write("perf_levels", shard, _table(schema.PERF_LEVELS, [level_row]))
+    store.write("perf_levels", shard, _table(perf_schema.PERF_LEVELS, [level_row]))
     store.update_info(started_at=f"2026-12-01T00:00:{started}.000+00:00", **({"gates": verdict} if verdict else {}))
     return run
 

@@ -233,7 +233,7 @@ def test_an_engine_over_two_nodes_gets_one_bundle_per_card_and_vllm_takes_them(
 
 def test_multi_node_admission() -> None:
     """A 2-stage x 8-card target fits two 8-card nodes, not 16 cards in stages split over 3 nodes."""
-    from fleet.contracts.targets import TestDoubleArgs
+    from fleet.contracts.backend_args import TestDoubleArgs
     from fleet.run.placement import footprint, places
 
     t = TestDoubleArgs(name="t", device="npu", tensor_parallel_size=8, pipeline_parallel_size=2, num_cpus=1)

@@ -23,7 +23,7 @@ from test_perf import mixed_level
 
 from fleet.analysis import bootstrap, parity, perf, perf_resample
 from fleet.analysis.perf_resample import RESAMPLES
-from fleet.contracts import schema
+from fleet.contracts import perf_schema, schema, stored_tables
 from fleet.contracts.gates import PERF_COLUMNS
 from fleet.report import compare
 from fleet.results import reader
@@ -197,7 +197,7 @@ def _add_load(run: Path, scratch: Path, levels: dict[int, tuple[set[int], set[in
     written: dict[frozenset[int], Path] = {}  # one scratch run per set of diverging prompts
     for level, phases in levels.items():
         runs = {}
-        for phase, diverged in zip(schema.LOAD_PHASES, phases, strict=True):
+        for phase, diverged in zip(perf_schema.LOAD_PHASES, phases, strict=True):
             key = frozenset(diverged)
             if key not in written:
                 written[key] = _run(scratch / str(len(written)), n, diverge=dict.fromkeys(diverged, 1))
@@ -207,7 +207,7 @@ def _add_load(run: Path, scratch: Path, levels: dict[int, tuple[set[int], set[in
             for phase, rows in runs.items():
                 frame = reader.load(rows)[name].filter(pl.col("target") == "cand").collect()
                 parts.append(frame.with_columns(**at, level=pl.lit(level, pl.Int32), phase=pl.lit(phase)))
-            table = schema.conform(pl.concat(parts).to_arrow(), schema.all_tables()[f"load_{name}"])
+            table = schema.conform(pl.concat(parts).to_arrow(), stored_tables.all_tables()[f"load_{name}"])
             store.write(f"load_{name}", f"m/cand/decode/{level:05d}", table)
 
 

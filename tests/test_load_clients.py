@@ -15,11 +15,11 @@ from test_perf import FakeTokenizer
 
 from actors import arrivals
 from actors.endpoint import EndpointEngine
+from fleet.contracts.backend_args import EndpointArgs
 from fleet.contracts.engine import ResolvedModel
 from fleet.contracts.scenario import Scenario
 from fleet.contracts.sources import PathSource
 from fleet.contracts.spec import ModelSpec, Sampling
-from fleet.contracts.targets import EndpointArgs
 from fleet.run.manifest import Manifest
 
 

@@ -9,7 +9,7 @@ import pytest
 from test_compare import SAME, write_run
 from test_inputs import assert_user_error, check, run_cli, tiny
 
-from fleet.contracts import schema
+from fleet.contracts import schema_docs
 from fleet.contracts.messages import LIST_BUDGET, field_path, unknown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,10 +81,10 @@ def test_a_wrong_name_gets_the_closest_one(tmp_path: Path, old: str, new: str, n
 
 def test_the_gate_metric_list_is_pointed_to_and_the_docs_have_it_whole(tmp_path: Path) -> None:
     err = check(tmp_path, tiny(sampling=GATE.replace("METRIC", "pearson") + "sampling:"), "did you mean 'pearson_r'")
-    assert f'known metrics, all listed in {schema.NAMES_PAGE} "Gate metric ids"' in err
-    page = (ROOT / schema.NAMES_PAGE).read_text(encoding="utf-8")
+    assert f'known metrics, all listed in {schema_docs.NAMES_PAGE} "Gate metric ids"' in err
+    page = (ROOT / schema_docs.NAMES_PAGE).read_text(encoding="utf-8")
     assert "\n### Gate metric ids\n" in page  # the heading the message names
-    [(key, names)] = schema.documented_names().items()
+    [(key, names)] = schema_docs.documented_names().items()
     assert f"<!-- names:{key} -->\n{names}\n<!-- /names -->" in page  # `make docs` regenerates it
 
 

@@ -25,7 +25,7 @@ from fleet import cli
 from fleet.analysis import gates, probes, query, ties
 from fleet.analysis import parity as analysis
 from fleet.analysis import perf as fleet_perf
-from fleet.contracts import schema
+from fleet.contracts import perf_schema, schema
 from fleet.report.model import RunReport
 from fleet.results.store import RunStore
 
@@ -85,7 +85,7 @@ def test_a_nan_logprob_makes_the_teacher_forced_figures_missing() -> None:
 def test_a_nan_latency_makes_the_perf_figures_missing() -> None:
     requests = pl.DataFrame(
         [_request(0, 0.2, [0.1], 0.3), _request(1, NAN, [0.1], 0.3, delay=NAN)],
-        schema=pl.from_arrow(schema.PERF_REQUESTS.empty_table()).schema,  # type: ignore[union-attr]
+        schema=pl.from_arrow(perf_schema.PERF_REQUESTS.empty_table()).schema,  # type: ignore[union-attr]
     )
     levels = pl.DataFrame(
         [{"model": "m", "model_weights": "w", "target": "t", "scenario": "s", "level": 2, "wall_s": 1.0}]

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from actors import arrivals, send_loop, workloads
 from actors import loadgen as perf
 from fleet.analysis import perf as fleet_perf
-from fleet.contracts import schema
+from fleet.contracts import perf_schema
 from fleet.contracts.engine import Chunk, EngineStats, PerfResult
 from fleet.contracts.scenario import Scenario, Slo
 
@@ -131,7 +131,9 @@ def test_a_chunk_of_k_tokens_counts_as_k_tokens(
     assert (row["engine_queue_s"], row["engine_ttft_s"], row["engine_tpot_s"]) == (0.01, 0.4, 0.09)
     assert (row["scheduled_s"], row["sent_s"], row["queue_delay_s"]) == (0.0, 0.0, 0.0)
     assert result.level.to_pylist()[0]["wall_s"] == pytest.approx(script[-1][0] - 10.0)
-    assert result.requests.schema.equals(schema.PERF_REQUESTS) and result.level.schema.equals(schema.PERF_LEVELS)
+    assert result.requests.schema.equals(perf_schema.PERF_REQUESTS) and result.level.schema.equals(
+        perf_schema.PERF_LEVELS
+    )
 
 
 def test_closed_loop_holds_the_level_and_does_not_record_warmup() -> None:
@@ -243,7 +245,7 @@ def mixed_level() -> tuple[pl.DataFrame, pl.DataFrame]:
         _request(3, 0.0, [], 0.0, error="HTTPError: 500") | {"ttft_s": None, "e2e_s": None},
         _request(4, 0.25, [0.2, 0.3], 0.75),
     ]
-    requests = pl.DataFrame(rows, schema=pl.from_arrow(schema.PERF_REQUESTS.empty_table()).schema)  # type: ignore[union-attr]
+    requests = pl.DataFrame(rows, schema=pl.from_arrow(perf_schema.PERF_REQUESTS.empty_table()).schema)  # type: ignore[union-attr]
     levels = pl.DataFrame([{"model": "m", "model_weights": "w", "target": "t", "scenario": "s", "level": 2}])
     return requests, levels.with_columns(wall_s=pl.lit(2.0), request_rate=pl.lit(None, pl.Float64))
 
@@ -257,7 +259,7 @@ def test_summary_matches_hand_computed_figures() -> None:
             _request(2, 0.3, [], 0.3, delay=0.01),  # one token: no TPOT, no gaps
             _request(3, 0.0, [], 0.0, delay=0.3, error="HTTPError: 500") | {"ttft_s": None, "e2e_s": None},
         ],
-        schema=pl.from_arrow(schema.PERF_REQUESTS.empty_table()).schema,  # type: ignore[union-attr]
+        schema=pl.from_arrow(perf_schema.PERF_REQUESTS.empty_table()).schema,  # type: ignore[union-attr]
     )
     levels = pl.DataFrame(
         [{"model": "m", "model_weights": "w", "target": "t", "scenario": "s", "level": 2, "wall_s": 2.0}],
@@ -296,7 +298,7 @@ def test_goodput_is_vllms_rule() -> None:
             _request(3, 0.5, [0.1, 0.1], 0.7),  # ttft 0.5: misses ttft <= 0.45
             _request(4, 0.0, [], 0.0, error="HTTPError: 500") | {"ttft_s": None, "e2e_s": None},  # failed: not good
         ],
-        schema=pl.from_arrow(schema.PERF_REQUESTS.empty_table()).schema,  # type: ignore[union-attr]
+        schema=pl.from_arrow(perf_schema.PERF_REQUESTS.empty_table()).schema,  # type: ignore[union-attr]
     )
     levels = pl.DataFrame(
         [{"model": "m", "model_weights": "w", "target": "t", "scenario": "s", "level": 2, "wall_s": 2.0}],

@@ -23,10 +23,10 @@ SYNTHETIC = {"seed": 7, "hidden_size": 128, "intermediate_size": 256, "num_layer
 @pytest.fixture(scope="module")
 def engine(fleet_cache: Path) -> Iterator[Any]:
     from actors.vllm_engine import VllmEngine
+    from fleet.contracts.backend_args import CPU_ENV, VllmArgs
     from fleet.contracts.engine import ResolvedModel
     from fleet.contracts.sources import SyntheticSource
     from fleet.contracts.spec import ModelSpec, Sampling
-    from fleet.contracts.targets import CPU_ENV, VllmArgs
 
     spec = ModelSpec(name="tiny", source=SyntheticSource(**SYNTHETIC, num_kv_heads=2, init_std=0.1))
     args = VllmArgs(name="vllm-fp32", dtype="float32", max_model_len=256)

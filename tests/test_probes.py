@@ -21,7 +21,7 @@ import pytest
 from actors import capture as engine_probes
 from actors.sources import resolver
 from fleet.analysis import consistency, gates, probes
-from fleet.contracts import schema
+from fleet.contracts import probe_schema
 from fleet.contracts.errors import UserError
 from fleet.run import matrix
 
@@ -105,16 +105,16 @@ def logits_frame(rows: dict[str, list[tuple[str, list[int], np.ndarray]]]) -> pl
 def test_logits_table_is_compact_and_typed() -> None:
     lp = np.log(np.full((2, 7), 1 / 7, dtype=np.float32))
     [table] = [engine_probes.logits_table(KEY | {"target": "t"}, [engine_probes.LogitsRows("a", [5, 6], 0, lp)])]
-    assert table.schema.equals(schema.PROBE_LOGITS, check_metadata=True)
+    assert table.schema.equals(probe_schema.PROBE_LOGITS, check_metadata=True)
     assert table.column("position").to_pylist() == [0, 1]
     assert table.column("logprobs").to_pylist() == [lp[0].tolist(), lp[1].tolist()]
     assert table.column("prompt_token_ids").to_pylist() == [[5, 6], [5, 6]]
 
 
 def test_probe_tables_are_where_the_gates_look() -> None:
-    assert set(schema.PROBE_TABLES) == {"logits", "layers"}
+    assert set(probe_schema.PROBE_TABLES) == {"logits", "layers"}
     for metric in ("logits_cosine_min", "logits_kl_max", "layer_cosine_min", "layer_rel_l2_max"):
-        assert gates.METRICS[metric][0] in schema.PROBE_TABLES
+        assert gates.METRICS[metric][0] in probe_schema.PROBE_TABLES
 
 
 def test_logits_errors_and_summary() -> None:
@@ -373,8 +373,8 @@ def model(fleet_cache: Path) -> Any:
 
 def _hf(model: Any, name: str, dtype: str) -> Any:
     from actors.hf_reference import HFEngine
+    from fleet.contracts.backend_args import HFArgs
     from fleet.contracts.spec import Sampling
-    from fleet.contracts.targets import HFArgs
 
     return HFEngine(HFArgs(name=name, dtype=dtype), model, sampling=Sampling(max_tokens=4))
 
@@ -396,8 +396,8 @@ def vllm_engine(model: Any) -> Iterator[Any]:
     import vllm
 
     from actors.vllm_engine import VllmEngine
+    from fleet.contracts.backend_args import CPU_ENV, VllmArgs
     from fleet.contracts.spec import Sampling
-    from fleet.contracts.targets import CPU_ENV, VllmArgs
 
     real = vllm.LLM
     with pytest.MonkeyPatch.context() as mp:
@@ -487,7 +487,7 @@ def test_hf_logits_probe_agrees_with_generate(model: Any, hf_tables: dict[str, p
 @pytest.mark.engine
 def test_vllm_full_distribution_matches_hf(vllm_engine: Any, hf_tables: dict[str, pl.DataFrame]) -> None:
     table = vllm_engine.probe_logits(_prompts(), prompt_set="s", positions="all")
-    assert table.schema.equals(schema.PROBE_LOGITS, check_metadata=True)
+    assert table.schema.equals(probe_schema.PROBE_LOGITS, check_metadata=True)
     frame = pl.concat([hf_tables["logits"], pl.from_arrow(table)])
     errors = probes.logits_errors(frame, "hf-fp32")
     vllm = errors.filter(pl.col("target") == "vllm-fp32")

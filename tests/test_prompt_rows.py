@@ -203,11 +203,11 @@ def test_a_test_double_shard_as_before_and_a_reference_shard(tmp_path: Any, monk
     cut them, so even its own sums agree) from the test double, scored and not."""
     monkeypatch.setenv("FLEET_ALLOW_TEST_DOUBLE", "1")
     from actors.test_double import TestDoubleEngine
+    from fleet.contracts.backend_args import TestDoubleArgs
     from fleet.contracts.engine import ResolvedModel
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.sources import SyntheticSource
     from fleet.contracts.spec import ModelSpec, Sampling, Shard
-    from fleet.contracts.targets import TestDoubleArgs
     from fleet.results.direct import join_scores
 
     model = ResolvedModel(ModelSpec(name="m", source=SyntheticSource()), tmp_path, "w" * 16, None)

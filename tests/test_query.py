@@ -10,7 +10,7 @@ import pytest
 from test_compare import DIVERGED, write_run
 
 from fleet.analysis import query
-from fleet.contracts import schema
+from fleet.contracts import stored_tables
 from fleet.contracts.errors import UserError
 
 
@@ -26,7 +26,7 @@ def run(tmp_path: Path) -> Path:
 
 
 def test_tables_by_name(run: Path) -> None:
-    assert set(query.tables(run)) == set(schema.all_tables()) | {"custom"}
+    assert set(query.tables(run)) == set(stored_tables.all_tables()) | {"custom"}
     counts = query.query(run, "SELECT target, COUNT(*) AS n FROM tokens GROUP BY target ORDER BY target")
     assert counts.rows() == [("cand", 6), ("ref", 6)]
     assert query.query(run, "SELECT rel_l2 FROM custom").item() == 0.01

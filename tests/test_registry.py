@@ -17,16 +17,9 @@ import pytest
 
 from actors import engine_class
 from actors.target_actor import TargetActor
+from fleet.contracts.backends import BACKENDS, SOURCE_PREFLIGHT, TARGET_ACTOR, engine_side
 from fleet.contracts.engine import CAPABILITY_PROTOCOLS, Engine
-from fleet.contracts.targets import (
-    BACKENDS,
-    CAPABILITIES,
-    SOURCE_PREFLIGHT,
-    TARGET_ACTOR,
-    Capability,
-    TargetArgs,
-    engine_side,
-)
+from fleet.contracts.targets import CAPABILITIES, Capability, TargetArgs
 from fleet.run.manifest_file import load
 from fleet.run.plan import plan_perf, plan_probes
 

@@ -25,7 +25,7 @@ from test_probes import layers_frame, logits_frame
 from actors import capture
 from fleet import cli
 from fleet.analysis import gates, probes
-from fleet.contracts import schema
+from fleet.contracts import perf_schema, schema, stored_tables
 from fleet.contracts.gates import Gate
 from fleet.contracts.spec import DrillPoint
 from fleet.report import columns, compare, html, markdown, summary, text
@@ -70,22 +70,24 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
         key = weights | {"target": "cand", "scenario": "decode", "level": level}
         shard = f"m/cand/decode/{level:05d}"
         perf = [_request(i, 0.1 * level, [0.02] * 3, 0.2 * level) | key for i in range(4)]
-        store.write("perf_requests", shard, _table(schema.PERF_REQUESTS, perf))
+        store.write("perf_requests", shard, _table(perf_schema.PERF_REQUESTS, perf))
         level_row = key | {"wall_s": wall_s, "n_requests": 4, "n_errors": 0, "hostname": "node-1"}
         level_row |= {"prefix_cache_queries": 400, "prefix_cache_hits": 100 * (level // 2 + 1)}  # 0.25, 0.75
-        store.write("perf_levels", shard, _table(schema.PERF_LEVELS, [level_row]))
+        store.write("perf_levels", shard, _table(perf_schema.PERF_LEVELS, [level_row]))
     # A sweep at level 4: the closed loop (E2E 0.8 s) and 2.5 req/s (0.6 s) miss the 0.5 s SLO, 1 req/s meets it.
     for probe, rate, e2e in ((0, None, 0.8), (1, 1.0, 0.2), (2, 2.5, 0.6)):
         key = weights | {"target": "cand", "scenario": "capacity", "level": 4, "probe": probe}
         perf = [_request(i, 0.1, [0.02] * 3, e2e) | key for i in range(4)]
-        store.write("perf_requests", f"m/cand/capacity/00004-{probe}", _table(schema.PERF_REQUESTS, perf))
+        store.write("perf_requests", f"m/cand/capacity/00004-{probe}", _table(perf_schema.PERF_REQUESTS, perf))
         level_row = key | {"request_rate": rate, "wall_s": 2.0, "n_requests": 4, "n_errors": 0, "hostname": "node-1"}
-        store.write("perf_levels", f"m/cand/capacity/00004-{probe}", _table(schema.PERF_LEVELS, [level_row]))
+        store.write("perf_levels", f"m/cand/capacity/00004-{probe}", _table(perf_schema.PERF_LEVELS, [level_row]))
     smoke = [
         {"check": "completions", "passed": True, "status": 200, "latency_s": 0.05},
         {"check": "chat/completions", "passed": False, "status": 500, "latency_s": 0.07, "error": "HTTP 500: a | b"},
     ]
-    store.write("smoke", "m/cand/smoke/00000", _table(schema.SMOKE, [weights | {"target": "cand"} | r for r in smoke]))
+    store.write(
+        "smoke", "m/cand/smoke/00000", _table(perf_schema.SMOKE, [weights | {"target": "cand"} | r for r in smoke])
+    )
     # Parity under load at both levels: the candidate's own parity rows, as if sent alone and mid-load.
     stored = {
         name: reader.load(run)[name].filter(pl.col("target") == "cand").collect() for name in ("requests", "tokens")
@@ -97,8 +99,8 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
             pl.lit(level).alias("in_flight_sent"),
         ]
         for name, frame in stored.items():
-            both = pl.concat([frame.with_columns(*at, phase=pl.lit(phase)) for phase in schema.LOAD_PHASES])
-            declared = schema.all_tables()[f"load_{name}"]
+            both = pl.concat([frame.with_columns(*at, phase=pl.lit(phase)) for phase in perf_schema.LOAD_PHASES])
+            declared = stored_tables.all_tables()[f"load_{name}"]
             store.write(f"load_{name}", f"m/cand/decode/{level:05d}", schema.conform(both.to_arrow(), declared))
     rng = np.random.default_rng(0)
     ref = probes.log_normalize(rng.normal(size=(2, 16))).astype(np.float32)

@@ -24,11 +24,11 @@ import pyarrow as pa
 import pytest
 
 from actors.test_double import TestDoubleEngine
-from fleet.contracts import schema
+from fleet.contracts import schema, stored_tables
+from fleet.contracts.backend_args import TestDoubleArgs
 from fleet.contracts.engine import LoadRows, PerfResult, ResolvedModel
-from fleet.contracts.schema import LOAD_PHASES, LOAD_REQUESTS, LOAD_TOKENS
+from fleet.contracts.perf_schema import LOAD_PHASES, LOAD_REQUESTS, LOAD_TOKENS
 from fleet.contracts.spec import Shard
-from fleet.contracts.targets import TestDoubleArgs
 from fleet.results import reader
 from fleet.run import driver
 
@@ -69,7 +69,7 @@ def _zero(t: pa.DataType) -> Any:
 
 def _row(table: str, **values: Any) -> pa.Table:
     """One row of `table`: the given values, zero for other required columns."""
-    declared = schema.all_tables()[table]
+    declared = stored_tables.all_tables()[table]
     columns = {f.name: values.get(f.name, _zero(f.type)) for f in declared if f.name in values or not f.nullable}
     return pa.table({name: pa.array([v], declared.field(name).type) for name, v in columns.items()})
 
@@ -443,8 +443,8 @@ def test_fleet_run_checks_the_followed_targets_gates(cluster: Cluster, tmp_path:
 
 def test_only_cpu_perf_levels_take_the_host_to_themselves() -> None:
     # A card's perf level times the card, which no other target shares: it runs beside the rest.
+    from fleet.contracts.backend_args import VllmArgs
     from fleet.contracts.scenario import Scenario
-    from fleet.contracts.targets import VllmArgs
     from fleet.run.perf_work import Perf
     from fleet.run.plan import PerfLevel
     from fleet.run.slots import ActorSlot

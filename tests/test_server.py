@@ -40,7 +40,7 @@ PROMPTS = ["The capital of France is", "Quantum computing is", "Two plus two equ
 
 
 def server_args(**kw: Any) -> Any:
-    from fleet.contracts.targets import VllmServerArgs
+    from fleet.contracts.backend_args import VllmServerArgs
 
     return VllmServerArgs(**({"name": "srv-fp32", "dtype": "float32", "max_model_len": 256} | kw))
 

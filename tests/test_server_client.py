@@ -18,10 +18,10 @@ import pytest
 from actors.endpoint import EndpointEngine
 from actors.openai_http import EndpointError
 from actors.vllm_server import _flags
+from fleet.contracts.backend_args import EndpointArgs
 from fleet.contracts.engine import ResolvedModel
 from fleet.contracts.sources import PathSource
 from fleet.contracts.spec import ModelSpec, Sampling
-from fleet.contracts.targets import EndpointArgs
 
 SECRET = "sk-stub-secret-0123456789"
 

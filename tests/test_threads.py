@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from actors import threads
-from fleet.contracts.targets import HFArgs, TestDoubleArgs, VllmArgs, VllmServerArgs
+from fleet.contracts.backend_args import HFArgs, TestDoubleArgs, VllmArgs, VllmServerArgs
 from fleet.run.placement import actor_options, bundles
 
 

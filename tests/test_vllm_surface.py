@@ -267,7 +267,7 @@ def _version(dist: str) -> str | None:
 
 SCANNED = [p for p in sorted((ROOT / "actors").glob("*.py")) if p.name != "vllm_surface.py"]  # not the list itself
 SCANNED += sorted((ROOT / "benchmarks").glob("*.py"))
-SCANNED += [ROOT / "fleet" / "contracts" / "targets.py"]  # CPU_ENV: the environment the actors run with
+SCANNED += [ROOT / "fleet" / "contracts" / "backend_args.py"]  # CPU_ENV: the environment the actors run with
 # The string constants actors/vllm_surface.py defines for the code to use.
 SURFACE_CONSTANTS = {
     t.id: node.value.value
@@ -429,9 +429,9 @@ def test_the_extras_span_the_window() -> None:
 
 def test_the_server_command_leaves_out_what_the_server_lacks() -> None:
     from actors.vllm_server import VllmServerEngine
+    from fleet.contracts.backend_args import VllmServerArgs
     from fleet.contracts.engine import Engine, ResolvedModel
     from fleet.contracts.spec import ModelSpec, Sampling
-    from fleet.contracts.targets import VllmServerArgs
 
     engine = object.__new__(VllmServerEngine)  # the command only: no server
     spec = ModelSpec.model_validate({"name": "m", "source": {"kind": "synthetic"}})

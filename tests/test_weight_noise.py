@@ -36,7 +36,7 @@ def test_the_noisy_copy_is_seeded_sized_and_leaves_the_rest_alone(
 
     from actors.sources import weights_digest
     from actors.weight_noise import noisy_copy
-    from fleet.contracts.targets import WeightNoise
+    from fleet.contracts.backend_args import WeightNoise
 
     src = _checkpoint(tmp_path / "model")
     digest = weights_digest(src)
@@ -63,7 +63,7 @@ def test_weight_noise_needs_safetensors_and_a_sane_size(tmp_path: Path, monkeypa
     from pydantic import ValidationError
 
     from actors.weight_noise import noisy_copy
-    from fleet.contracts.targets import VllmArgs, WeightNoise
+    from fleet.contracts.backend_args import VllmArgs, WeightNoise
 
     monkeypatch.setenv("FLEET_CACHE", str(tmp_path / "cache"))
     (tmp_path / "bin").mkdir()
@@ -103,7 +103,7 @@ def test_a_tensor_pattern_breaks_only_the_tensors_it_names(tmp_path: Path, monke
 
     from actors.sources import weights_digest
     from actors.weight_noise import noisy_copy
-    from fleet.contracts.targets import HFArgs, WeightNoise
+    from fleet.contracts.backend_args import HFArgs, WeightNoise
 
     monkeypatch.setenv("FLEET_CACHE", str(tmp_path / "cache"))
     src = _checkpoint(tmp_path / "model")

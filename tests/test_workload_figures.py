@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from actors.cache_stats import from_prometheus
 from fleet.analysis.workload import length_flags, lengths
-from fleet.contracts import schema
+from fleet.contracts import perf_schema
 
 KEYS = {"model": "m", "model_weights": "w", "target": "t", "scenario": "s"}
 
@@ -48,8 +48,8 @@ def tables(rows: list[dict[str, Any]], cache: dict[int, tuple[int, int] | None])
         for lv, c in cache.items()
     ]  # fmt: skip
     return (
-        pl.from_arrow(pa.Table.from_pylist(rows, schema=schema.PERF_REQUESTS)),
-        pl.from_arrow(pa.Table.from_pylist(levels, schema=schema.PERF_LEVELS)),
+        pl.from_arrow(pa.Table.from_pylist(rows, schema=perf_schema.PERF_REQUESTS)),
+        pl.from_arrow(pa.Table.from_pylist(levels, schema=perf_schema.PERF_LEVELS)),
     )
 
 
@@ -73,4 +73,4 @@ def test_lengths_per_level_and_the_flag_for_a_miss_over_one_token() -> None:
     assert by[4]["prefix_cache_hit_rate"] is None  # not reported, not 0
     [flag] = length_flags(out)
     assert flag.startswith("LENGTH MISS: t s at concurrency 2: a request missed its requested token count by 3")
-    assert out.schema == pl.DataFrame(schema.PERF_LENGTHS.empty_table()).drop("run_id").schema
+    assert out.schema == pl.DataFrame(perf_schema.PERF_LENGTHS.empty_table()).drop("run_id").schema

@@ -2,7 +2,7 @@
 
 At each level of a perf scenario with `parity:`, its parity prompts were sent alone ("solo",
 concurrency 1) and in the middle of the load ("load"), and the reference teacher-forced both
-(fleet/contracts/schema.py, LOAD_TABLES). Each (target, scenario, level, phase) is judged here exactly as
+(fleet/contracts/perf_schema.py, LOAD_TABLES). Each (target, scenario, level, phase) is judged here exactly as
 a parity candidate is, by the same functions on the same columns: real divergences and near ties
 from the reference's greedy path (fleet/analysis/divergence.py, the noise model of
 fleet/analysis/noise_model.py), teacher-forced p99 |dlogp|, and tie-aware first-token agreement.

@@ -1,6 +1,6 @@
 """Deep parity probes: full-distribution logprobs and layer-wise hidden states vs the reference.
 
-Inputs are the probe tables of fleet.schema.PROBE_TABLES ("logits", "layers"); every candidate
+Inputs are the probe tables of fleet.contracts.probe_schema.PROBE_TABLES ("logits", "layers"); every candidate
 row is paired with the reference's row for the same (model, prompt_set, prompt_id, position or
 layer). The vectors are list<float32> columns; the arithmetic is numpy in float64, row by row.
 A pair whose inputs differ (other prompt token ids, positions or width) is not compared: its

@@ -2,7 +2,7 @@
 
 `Engine` is the contract every backend implements: generate a shard, score a candidate's
 tokens by teacher forcing, describe itself, shut down. A capability a backend declares in its
-args model (fleet/contracts/targets.py) is a Protocol here that its engine class must satisfy;
+args model (fleet/contracts/backend_args.py) is a Protocol here that its engine class must satisfy;
 `CAPABILITY_PROTOCOLS` pairs them, and the registry test checks every backend against it.
 """
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.fs as pafs
 
-from fleet.contracts import schema
+from fleet.contracts import schema, stored_tables
 from fleet.contracts.errors import UserError
 from fleet.results import catalog_files, reader, store
 from fleet.results.catalog_files import SUMMARY, Row
@@ -115,13 +115,13 @@ def stacked(results_root: str | Path) -> dict[str, pl.LazyFrame]:
     current = {name for name, row in rows.items() if row.get("schema_version") == schema.SCHEMA_VERSION}
     files = _files(fs, root, current)
     frames: dict[str, list[pl.LazyFrame]] = {}
-    for table, arrow_schema in schema.all_tables().items():
+    for table, arrow_schema in stored_tables.all_tables().items():
         frames[table] = [reader.scan(fs, files[table], arrow_schema)] if files.get(table) else []
     for name in sorted(set(rows) - current):
         for table, frame in reader.load(store.join(results_root, name)).items():
             frames.setdefault(table, []).append(frame)
     out = {
-        table: pl.concat(parts, how="diagonal_relaxed") if parts else reader.empty(schema.all_tables()[table])
+        table: pl.concat(parts, how="diagonal_relaxed") if parts else reader.empty(stored_tables.all_tables()[table])
         for table, parts in frames.items()
     }
     return out | {"runs": _frame(results_root, rows).lazy()}
@@ -130,7 +130,7 @@ def stacked(results_root: str | Path) -> dict[str, pl.LazyFrame]:
 def _files(fs: pafs.FileSystem, root: str, runs: set[str]) -> dict[str, list[str]]:
     """Table name -> the Parquet files of that table in `runs`, in path order, from one listing of
     the root (on S3 one request per 1,000 files, not one per run and table)."""
-    tables = schema.all_tables()
+    tables = stored_tables.all_tables()
     out: dict[str, list[str]] = {}
     if not runs:
         return out

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from fleet.contracts import schema
+from fleet.contracts import schema, stored_tables
 from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import cut
 from fleet.results import store
@@ -71,7 +71,7 @@ def load(run_dir: str | Path) -> dict[str, pl.LazyFrame]:
     run_dir is a local directory or a URI such as s3://bucket/prefix/run_id (fleet.store.locate)."""
     fs, root = store.locate(run_dir)
     frames: dict[str, pl.LazyFrame] = {}
-    for name, arrow_schema in schema.all_tables().items():
+    for name, arrow_schema in stored_tables.all_tables().items():
         files = store.parquet_files(fs, f"{root}/{name}")
         # Refuse files written under another schema version rather than misread a column.
         versions = set()
@@ -115,7 +115,7 @@ def narrowed(run_dir: str | Path, table: str, *, index: str, where: pl.Expr) -> 
     files = store.parquet_files(fs, f"{root}/{index}")
     if not files:
         return None
-    declared = empty(schema.all_tables()[index]).collect_schema()
+    declared = empty(stored_tables.all_tables()[index]).collect_schema()
     found = (
         pl.scan_parquet(
             files, hive_partitioning=False, schema=declared, missing_columns="insert", include_file_paths="_file"
@@ -126,7 +126,7 @@ def narrowed(run_dir: str | Path, table: str, *, index: str, where: pl.Expr) -> 
         .to_list()
     )
     tables = [f"{root}/{table}/{f.removeprefix(f'{root}/{index}/')}" for f in sorted(found, key=lambda f: f.split("/"))]
-    return scan(fs, tables, schema.all_tables()[table]) if tables else empty(schema.all_tables()[table])
+    return scan(fs, tables, stored_tables.all_tables()[table]) if tables else empty(stored_tables.all_tables()[table])
 
 
 def _footer(fs: pafs.FileSystem, file: str, declared: pa.Schema) -> dict[bytes, bytes]:

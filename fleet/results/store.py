@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from fleet.contracts import schema
+from fleet.contracts import schema, stored_tables
 from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import inside
 from fleet.contracts.spec import PROBE_KINDS
@@ -129,7 +129,7 @@ class RunStore:
         weights it ran on: a model name reused for other weights lands in another directory.
         `staged`: in the staging area, uncommitted (fleet/results/staging.py); `area`: under that
         directory of the run (READY: waiting for the driver's commit, fleet/results/direct.py)."""
-        data = schema.conform(data, schema.all_tables()[table])
+        data = schema.conform(data, stored_tables.all_tables()[table])
         data = data.set_column(0, "run_id", pa.repeat(pa.scalar(self.run_id, pa.string()), data.num_rows))
         weights = data.column("model_weights")[0].as_py() if data.num_rows else "none"
         path = self.path(table, shard_id, weights, staged=staged, area=area)

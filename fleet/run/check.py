@@ -18,11 +18,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from fleet.contracts.backends import SOURCE_PREFLIGHT, engine_side
 from fleet.contracts.errors import UserError
 from fleet.contracts.gates import LATEST_PASS
 from fleet.contracts.inputs import check_name, check_url, clip, cut, inside, read_text
 from fleet.contracts.schema import SCHEMA_VERSION
-from fleet.contracts.targets import SOURCE_PREFLIGHT, engine_side
 from fleet.results import reader
 from fleet.results.catalog import require_runs
 from fleet.results.info import RunInfo

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet.contracts import schema
+from fleet.contracts import probe_schema, schema
 from fleet.contracts.engine import Prefix
 from fleet.contracts.spec import DrillPoint
 from fleet.run.plan import DrillCall, ModelPlan
@@ -95,4 +95,4 @@ def drilldown_rows(layers: pa.Table, call: DrillCall) -> pa.Table:
             table = table.set_column(table.column_names.index(name), name, values)
         else:
             table = table.append_column(name, values)
-    return schema.conform(table, schema.DRILLDOWN)
+    return schema.conform(table, probe_schema.DRILLDOWN)

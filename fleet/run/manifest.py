@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from fleet.contracts.backends import BACKENDS
 from fleet.contracts.base import Name, Strict
 from fleet.contracts.gates import Gate
 from fleet.contracts.prompt_source import CHECK_ROWS, PromptFile, chunks, read_slice
@@ -28,7 +29,7 @@ from fleet.contracts.spec import (
     Sampling,
     Variant,
 )
-from fleet.contracts.targets import BACKENDS, Capability, TargetArgs
+from fleet.contracts.targets import Capability, TargetArgs
 from fleet.run.matrix import expand_targets
 from fleet.run.prompt_files import expand
 

@@ -5,7 +5,7 @@ reference like a candidate shard, then written with the level's perf rows (`Scor
 `ScoreLoad` is a `Score` (fleet/run/work.py): it goes to the reference's queue the way a
 candidate shard does, with the precision twin, and the scheduler counts it among the rows a
 target's gates wait for. What differs is where its rows go: the load tables
-(schema.LOAD_TABLES) keyed by scenario and level, and the level's perf rows with them,
+(perf_schema.LOAD_TABLES) keyed by scenario and level, and the level's perf rows with them,
 its perf_levels row last, so a level is done (for `--resume`) only once its parity rows are
 stored, scored or not. Taking turns, it waits in the reference's queue for its next turn rather
 than on disk: a level's parity rows are a few prompts, and a resume runs the level again.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fleet.contracts.engine import Generation
-from fleet.contracts.schema import LOAD_TOKENS
+from fleet.contracts.perf_schema import LOAD_TOKENS
 from fleet.contracts.spec import Shard
 from fleet.results.direct import join_scores
 from fleet.run.work import Effects, Score, Work, Write

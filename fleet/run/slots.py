@@ -69,7 +69,7 @@ class ActorSlot:
         """Start the target's actor (`reuse`: or take a kept one of its shape) and queue its Describe."""
         import ray
 
-        from fleet.contracts.targets import TARGET_ACTOR, engine_side
+        from fleet.contracts.backends import TARGET_ACTOR, engine_side
 
         if self.target.cards > 1:
             free_ray()  # a multi-card engine reuses none, and its placement group needs what they hold
