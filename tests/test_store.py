@@ -77,6 +77,7 @@ def test_the_docs_document_every_column() -> None:
     for declared in schema_docs.documented_tables().values():
         name = declared.metadata[b"fleet.table"].decode()
         assert f"<!-- schema:{name} -->\n{schema_docs.markdown(declared)}\n<!-- /schema -->" in page, name
+    assert f"Schema version {schema.SCHEMA_VERSION} " in page  # the prose names the version files carry
 
 
 def test_statistics_on_the_columns_readers_filter_on(tmp_path: Path) -> None:
