@@ -22,7 +22,7 @@ from typing import NamedTuple
 import polars as pl
 import pyarrow.fs as pafs
 
-from fleet.analysis import divergence, perf, workload
+from fleet.analysis import divergence, perf, throughput, workload
 from fleet.analysis import parity as analysis
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.contracts.errors import UserError
@@ -53,7 +53,7 @@ DERIVED: dict[str, Callable[[Tables, Settings], pl.DataFrame]] = {
     "first_step": lambda t, s: analysis.first_step(t["tokens"], s.reference),
     "sequences": lambda t, s: analysis.sequences(t["requests"], s.reference),
     "kl_topk": lambda t, s: analysis.kl_topk(t["tokens"], s.reference),
-    "throughput": lambda t, _: analysis.throughput(t["requests"], t["shards"]),
+    "throughput": lambda t, _: throughput.throughput(t["requests"], t["shards"]),
     "perf": lambda t, _: perf.summary(t["perf_requests"], t["perf_levels"]),
     "perf_lengths": lambda t, _: workload.lengths(t["perf_requests"], t["perf_levels"]),
     "divergences": lambda t, s: divergence.divergences(t["requests"], t["tokens"], s.reference, spec=s.noise),
