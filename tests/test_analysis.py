@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fleet.analysis import parity as analysis
+from fleet.analysis import throughput
 from fleet.contracts import schema, stored_tables
 from fleet.contracts.errors import UserError
 from fleet.results import reader
@@ -295,7 +296,7 @@ def test_throughput() -> None:
             {"model": "m", "target": CAND, "prompt_set": "s", "shard_id": "0", "n_output_tokens": 1, "wall_s": 0.5},
         ],
     )
-    out = analysis.throughput(requests, shards)
+    out = throughput.throughput(requests, shards)
     assert out.columns == [
         "model", "target", "n_requests", "output_tokens", "wall_s", "output_tok_s",
         "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",

@@ -21,7 +21,7 @@ import pytest
 from test_compare import write_run
 from test_perf import mixed_level
 
-from fleet.analysis import bootstrap, parity, perf, perf_resample
+from fleet.analysis import bootstrap, parity, perf, perf_resample, throughput
 from fleet.analysis.perf_resample import RESAMPLES
 from fleet.contracts import perf_schema, schema, stored_tables
 from fleet.contracts.gates import PERF_COLUMNS
@@ -242,7 +242,7 @@ def test_load_parity_intervals_match_a_loop_over_resampled_prompts(tmp_path: Pat
 
 def test_perf_counts_goodput_and_parity_latencies_drawn_once_are_the_reports() -> None:
     """Every perf figure compare resamples (n_errors, goodput and SLO share with the others) and the
-    parity runs' latency quantiles: each request drawn once gives perf.summary's / parity.throughput's."""
+    parity runs' latency quantiles: each request drawn once gives perf.summary's / throughput.throughput's."""
     requests, levels = mixed_level()
     slos = {"s": {"e2e_s": 0.7, "ttft_s": None, "tpot_s": None}}
     [expected] = perf.summary(requests, levels, slos).to_dicts()
@@ -263,7 +263,7 @@ def test_perf_counts_goodput_and_parity_latencies_drawn_once_are_the_reports() -
         ]
     )
     shards = pl.DataFrame({"model": ["m"], "target": ["t"], "n_output_tokens": [21], "wall_s": [1.0]})
-    [measured] = parity.throughput(parity_requests, shards).to_dicts()
+    [measured] = throughput.throughput(parity_requests, shards).to_dicts()
     [run] = perf_resample.parity_runs(parity_requests).values()
     once = np.ones((1, 7), dtype=np.int64)
     for column in perf_resample.PARITY_LATENCIES:

@@ -20,7 +20,7 @@ import pytest
 from own_processes import own_lines
 
 from fleet.analysis import parity as analysis
-from fleet.analysis import query
+from fleet.analysis import query, task_accuracy, throughput
 from fleet.contracts import schema
 from fleet.results import reader
 
@@ -83,7 +83,7 @@ def test_every_target_sees_the_same_prompt_tokens(engine_run: Path) -> None:
 
 def test_task_accuracy_per_target(engine_run: Path) -> None:
     t = reader.load(engine_run)
-    acc = {r["target"]: r for r in analysis.accuracy(t["requests"], "hf-fp32").to_dicts()}
+    acc = {r["target"]: r for r in task_accuracy.accuracy(t["requests"], "hf-fp32").to_dicts()}
     assert set(acc) == {"hf-fp32", "vllm-fp32", "vllm-bf16"}
     assert all(r["n_expected"] == 10 for r in acc.values())
     # float32 gives the reference's exact outputs, hence the same answers.
@@ -124,7 +124,7 @@ def test_latencies_are_measured(engine_run: Path) -> None:
         assert requests[col].null_count() == 0
         assert (requests[col] > 0).all()
     assert (requests["e2e_s"] >= requests["ttft_s"]).all()
-    perf = analysis.throughput(*(reader.load(engine_run)[t] for t in ("requests", "shards")))
+    perf = throughput.throughput(*(reader.load(engine_run)[t] for t in ("requests", "shards")))
     assert (perf["output_tok_s"] > 0).all() and perf.height == 3
 
 

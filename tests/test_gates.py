@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 from test_compare import SAME, write_run
 
-from fleet.analysis import gates
+from fleet.analysis import gates, throughput
 from fleet.analysis import parity as analysis
 from fleet.contracts.errors import UserError
 from fleet.results import reader
@@ -119,7 +119,7 @@ def test_metrics_cover_analysis_columns() -> None:
     """Every parity and throughput column is gateable (the list is kept in sync with fleet.analysis)."""
     empty = reader.load(Path("/nonexistent"))
     columns = analysis.parity(empty["requests"], empty["tokens"], "ref").columns
-    columns += analysis.throughput(empty["requests"], empty["shards"]).columns
+    columns += throughput.throughput(empty["requests"], empty["shards"]).columns
     assert set(columns) - {"model", "target"} <= set(gates.METRICS)
 
 

@@ -22,7 +22,7 @@ from test_compare import DIVERGED, SAME, write_run
 from test_perf import _request
 
 from fleet import cli
-from fleet.analysis import gates, probes, query, ties
+from fleet.analysis import gates, probe_metrics, probes, query, ties
 from fleet.analysis import parity as analysis
 from fleet.analysis import perf as fleet_perf
 from fleet.contracts import perf_schema, schema
@@ -116,19 +116,19 @@ def _logits(per_target: dict[str, np.ndarray]) -> pl.DataFrame:
 def test_b_probe_top1_counts_a_tie_as_a_match() -> None:
     ref = np.array([0.0, 1.0, 0.5, -1.0, -2.0, -3.0])
     cand = np.array([1.0, 1.0, 0.5, -1.0, -2.0, -3.0])  # ids 0 and 1 tie; argmax says 0
-    m = probes.logits_metrics(ref, cand)
+    m = probe_metrics.logits_metrics(ref, cand)
     assert m["top1_match"] is True
     # A real miss stays a miss: the reference's top-1 is below the candidate's maximum.
-    assert probes.logits_metrics(ref, np.array([1.0, 0.9, 0.5, -1.0, -2.0, -3.0]))["top1_match"] is False
+    assert probe_metrics.logits_metrics(ref, np.array([1.0, 0.9, 0.5, -1.0, -2.0, -3.0]))["top1_match"] is False
 
 
 def test_b_probe_top5_compares_against_the_kth_value() -> None:
     ref = np.array([6.0, 5.0, 4.0, 3.0, 1.0, 2.0, 0.0])  # top-5: ids 0, 1, 2, 3, 5
     cand = np.array([6.0, 5.0, 4.0, 3.0, 2.0, 2.0, 0.0])  # ids 4 and 5 tie for the 5th place
-    m = probes.logits_metrics(ref, cand)
+    m = probe_metrics.logits_metrics(ref, cand)
     assert m["top5_match"] is True and m["top5_overlap"] == 1.0
     swapped = np.array([6.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.0])  # id 4 is 5th outright: a real miss
-    m = probes.logits_metrics(ref, swapped)
+    m = probe_metrics.logits_metrics(ref, swapped)
     assert m["top5_match"] is False and m["top5_overlap"] == pytest.approx(0.8)
 
 

@@ -1,4 +1,5 @@
-"""Deep parity probes (fleet/probes.py, actors/probes.py) and the feature matrix (fleet/matrix.py).
+"""Deep parity probes (fleet/analysis/probes.py, probe_metrics.py; actors/capture.py) and the feature matrix
+(fleet/run/matrix.py).
 
 Metric functions against hand-computed values; the Polars analysis on small built tables; then,
 marked `engine`, the probes on real engines: HF float32 twice and bfloat16, vLLM CPU float32, one
@@ -20,7 +21,7 @@ import pytest
 
 from actors import capture as engine_probes
 from actors.sources import resolver
-from fleet.analysis import consistency, gates, probes
+from fleet.analysis import consistency, gates, probe_metrics, probes
 from fleet.contracts import probe_schema
 from fleet.contracts.errors import UserError
 from fleet.run import matrix
@@ -33,51 +34,51 @@ KEY = {"model": "m", "model_weights": "w", "prompt_set": "s"}
 
 def test_cosine_and_nmse_by_hand() -> None:
     a, b = np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 4.0])
-    assert probes.cosine(b, a) == pytest.approx(17 / math.sqrt(14 * 21))
-    assert probes.nmse(b, a) == pytest.approx(1 / 14)  # ||(0, 0, 1)||^2 / ||(1, 2, 3)||^2
-    assert probes.cosine(a, a) == pytest.approx(1.0)
-    assert math.isnan(probes.cosine(a, np.zeros(3)))
+    assert probe_metrics.cosine(b, a) == pytest.approx(17 / math.sqrt(14 * 21))
+    assert probe_metrics.nmse(b, a) == pytest.approx(1 / 14)  # ||(0, 0, 1)||^2 / ||(1, 2, 3)||^2
+    assert probe_metrics.cosine(a, a) == pytest.approx(1.0)
+    assert math.isnan(probe_metrics.cosine(a, np.zeros(3)))
 
 
 def test_kl_exact_by_hand() -> None:
     ref, cand = np.log([0.5, 0.5]), np.log([0.25, 0.75])
     expected = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)  # 0.143841
-    assert probes.kl_exact(ref, cand) == pytest.approx(expected)
+    assert probe_metrics.kl_exact(ref, cand) == pytest.approx(expected)
     # Each side is renormalised: an offset (an unnormalised float32 log-softmax) changes nothing.
-    assert probes.kl_exact(ref + 3.0, cand - 1.0) == pytest.approx(expected)
-    assert probes.kl_exact(ref, ref) == 0.0
+    assert probe_metrics.kl_exact(ref + 3.0, cand - 1.0) == pytest.approx(expected)
+    assert probe_metrics.kl_exact(ref, ref) == 0.0
     # Tokens the reference rules out contribute nothing; ones the candidate rules out, infinity.
-    assert probes.kl_exact(np.array([0.0, -math.inf]), np.log([0.5, 0.5])) == pytest.approx(math.log(2))
-    assert probes.kl_exact(np.log([0.5, 0.5]), np.array([0.0, -math.inf])) == math.inf
+    assert probe_metrics.kl_exact(np.array([0.0, -math.inf]), np.log([0.5, 0.5])) == pytest.approx(math.log(2))
+    assert probe_metrics.kl_exact(np.log([0.5, 0.5]), np.array([0.0, -math.inf])) == math.inf
 
 
 def test_logits_metrics_are_centred() -> None:
     ref = np.log(np.array([0.6, 0.2, 0.1, 0.05, 0.03, 0.02]))
-    shifted = probes.logits_metrics(ref, ref + 5.0)  # another normaliser, the same distribution
+    shifted = probe_metrics.logits_metrics(ref, ref + 5.0)  # another normaliser, the same distribution
     assert shifted["cosine"] == pytest.approx(1.0)
     assert shifted["nmse"] == pytest.approx(0.0, abs=1e-15)
     assert shifted["kl"] == pytest.approx(0.0, abs=1e-15)
     assert shifted["max_abs_err"] == pytest.approx(5.0)
     assert shifted["top1_match"] and shifted["top5_match"]
-    swapped = probes.logits_metrics(ref, ref[[1, 0, 2, 3, 4, 5]])  # top two exchanged
+    swapped = probe_metrics.logits_metrics(ref, ref[[1, 0, 2, 3, 4, 5]])  # top two exchanged
     assert not swapped["top1_match"] and swapped["top5_match"] and swapped["top5_overlap"] == 1.0
     assert (swapped["ref_top1"], swapped["cand_top1"]) == (0, 1)
-    last_out = probes.logits_metrics(ref, ref[[0, 1, 2, 3, 5, 4]])  # 5th and 6th exchanged
+    last_out = probe_metrics.logits_metrics(ref, ref[[0, 1, 2, 3, 5, 4]])  # 5th and 6th exchanged
     assert last_out["top5_match"] is False and last_out["top5_overlap"] == pytest.approx(0.8)
 
 
 def test_relative_error_shares_by_hand() -> None:
     ref = np.array([1.0, 100.0, 0.0, -2.0])
     cand = np.array([1.0005, 100.2, 1e-8, -2.02])  # rel errors 5e-4, 2e-3, 1e-8 / floor = 1e-2, 1e-2
-    assert probes.rel_err_share(cand, ref, 1e-3) == pytest.approx(1 / 4)
-    assert probes.rel_err_share(cand, ref, 5e-3) == pytest.approx(2 / 4)
-    assert probes.rel_err_share(cand, ref, 5e-3, floor=1.0) == pytest.approx(3 / 4)  # 1e-8 / 1
+    assert probe_metrics.rel_err_share(cand, ref, 1e-3) == pytest.approx(1 / 4)
+    assert probe_metrics.rel_err_share(cand, ref, 5e-3) == pytest.approx(2 / 4)
+    assert probe_metrics.rel_err_share(cand, ref, 5e-3, floor=1.0) == pytest.approx(3 / 4)  # 1e-8 / 1
 
 
 def test_layer_metrics_by_hand() -> None:
     ref = np.array([[1.0, 0.0], [0.0, 1.0]])
     cand = np.array([[1.0, 0.0], [1.0, 1.0]])  # position 1 off by 45 degrees
-    m = probes.layer_metrics(ref, cand)
+    m = probe_metrics.layer_metrics(ref, cand)
     assert m["rel_l2"] == pytest.approx(1 / math.sqrt(2))
     assert m["cosine"] == pytest.approx((1 + 1 / math.sqrt(2)) / 2)
     assert m["cosine_min"] == pytest.approx(1 / math.sqrt(2))
@@ -119,7 +120,7 @@ def test_probe_tables_are_where_the_gates_look() -> None:
 
 def test_logits_errors_and_summary() -> None:
     rng = np.random.default_rng(0)
-    ref = probes.log_normalize(rng.normal(size=(3, 50))).astype(np.float32)
+    ref = probe_metrics.log_normalize(rng.normal(size=(3, 50))).astype(np.float32)
     noisy = (ref + rng.normal(scale=0.01, size=ref.shape)).astype(np.float32)
     frame = logits_frame(
         {
@@ -137,8 +138,8 @@ def test_logits_errors_and_summary() -> None:
     assert same["max_abs_err"].to_list() == [0.0] * 4
     noisy_a0 = errors.filter((pl.col("target") == "noisy") & (pl.col("prompt_id") == "a") & (pl.col("position") == 0))
     r, c = ref[0].astype(np.float64), noisy[0].astype(np.float64)
-    assert noisy_a0["kl"].item() == pytest.approx(probes.kl_exact(r, c))
-    assert noisy_a0["cosine"].item() == pytest.approx(probes.cosine(c - c.mean(), r - r.mean()))
+    assert noisy_a0["kl"].item() == pytest.approx(probe_metrics.kl_exact(r, c))
+    assert noisy_a0["cosine"].item() == pytest.approx(probe_metrics.cosine(c - c.mean(), r - r.mean()))
     other = errors.filter(pl.col("target") == "other-input")
     assert other.filter(pl.col("prompt_id") == "a")["same_input"].to_list() == [False] * 3
     assert other.filter(pl.col("prompt_id") == "a")["cosine"].null_count() == 3

@@ -24,7 +24,7 @@ from test_probes import layers_frame, logits_frame
 
 from actors import capture
 from fleet import cli
-from fleet.analysis import gates, probes
+from fleet.analysis import gates, probe_metrics
 from fleet.contracts import perf_schema, schema, stored_tables
 from fleet.contracts.gates import Gate
 from fleet.contracts.spec import DrillPoint
@@ -103,7 +103,7 @@ def write_full_run(run_dir: Path, *, cand: dict[str, Any] | None = None, noise: 
             declared = stored_tables.all_tables()[f"load_{name}"]
             store.write(f"load_{name}", f"m/cand/decode/{level:05d}", schema.conform(both.to_arrow(), declared))
     rng = np.random.default_rng(0)
-    ref = probes.log_normalize(rng.normal(size=(2, 16))).astype(np.float32)
+    ref = probe_metrics.log_normalize(rng.normal(size=(2, 16))).astype(np.float32)
     noisy = (ref + noise * rng.normal(size=ref.shape)).astype(np.float32)
     hidden = [rng.normal(size=(2, 8)) for _ in range(3)]
     probe_tables = {

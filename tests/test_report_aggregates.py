@@ -19,7 +19,7 @@ import pytest
 from polars.testing import assert_frame_equal
 from test_compare import DIVERGED, SAME, write_run
 
-from fleet.analysis import aligned, bootstrap, from_stats, parity, stats_divergences
+from fleet.analysis import aligned, bootstrap, from_stats, linear_quantile, parity, stats_divergences
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.contracts import schema
 from fleet.report import model
@@ -214,15 +214,15 @@ def test_block_histograms_are_their_definition(zeros: float) -> None:
 
 
 def test_quantile_is_numpys_bit_for_bit() -> None:
-    """bootstrap.quantile selects among the values above a sampled bound: the same float as
+    """linear_quantile.quantile selects among the values above a sampled bound: the same float as
     numpy.quantile, with ties, zeros, sorted input and the quantiles at either end."""
     rng = np.random.default_rng(2)
-    n = bootstrap._SELECT_MIN + 1000
+    n = linear_quantile._SELECT_MIN + 1000
     arrays = [np.abs(rng.standard_t(3, n)), rng.integers(0, 3, n).astype(float), np.zeros(n), np.sort(rng.random(n))]
     arrays.append(rng.random(n).astype(np.float32))  # float32 logprob differences as stored
     for values in arrays:
         for q in (0.0, 0.01, 0.5, 0.99, 0.999, 1.0):
-            assert bootstrap.quantile(values, q) == float(np.quantile(values, q)), (values[:3], q)
+            assert linear_quantile.quantile(values, q) == float(np.quantile(values, q)), (values[:3], q)
 
 
 def test_sequences_compare_lists_as_the_definition_says() -> None:

@@ -18,7 +18,7 @@ import pytest
 from polars.testing import assert_frame_equal
 from test_report_aggregates import FRAMES, _prompts
 
-from fleet.analysis import bootstrap, from_stats, from_tails
+from fleet.analysis import bootstrap, from_stats, from_tails, linear_quantile
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.report import model
 from fleet.results import prompt_tails, reader
@@ -95,7 +95,7 @@ def test_tails_give_the_quantile_and_blocked_interval_bit_for_bit(seed: int, mon
     for values in (cand, twin):
         kept, kept_prompt, floor = _shards(values, prompt, 20)
         tails.append(bootstrap.Tail(kept, blocks[kept_prompt], floor, len(values), n_block))
-    assert tails[0].quantile(0.99) == bootstrap.quantile(cand, 0.99)
+    assert tails[0].quantile(0.99) == linear_quantile.quantile(cand, 0.99)
     kw = {"twin_p99": 0.0, "allowance": 1.0, "quantile": 0.99, "resamples": 1000}
     assert bootstrap.tail_interval(tails[0], tails[1], units, **kw) == bootstrap.interval(cand, twin, prompt, **kw)
 
@@ -106,4 +106,4 @@ def test_a_shard_far_above_the_others_sends_the_quantile_back_to_the_positions()
     kept, kept_prompt, floor = _shards(cand, prompt, 20)
     tail = bootstrap.Tail(kept, kept_prompt, floor, len(cand), np.bincount(prompt).astype(float))
     assert tail.quantile(0.99) is None
-    assert tail.quantile(0.9999) == bootstrap.quantile(cand, 0.9999)  # its own top is complete
+    assert tail.quantile(0.9999) == linear_quantile.quantile(cand, 0.9999)  # its own top is complete

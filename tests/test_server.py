@@ -114,7 +114,7 @@ def served_run(
     """One run of both HTTP target kinds: (manifest, run directory, the processes of the API servers
     other than the module's, and of the `served` target's process group, still alive once the run
     returned, waited for up to 10 s)."""
-    from actors.vllm_server import _members
+    from actors.server_group import members
     from fleet.run import driver
 
     base = tmp_path_factory.mktemp("served-run")
@@ -128,7 +128,7 @@ def served_run(
     # The supervisor, the API server and its engine core ran in the group; none may outlive the run.
     assert len(json.loads(served["server_threads"])) >= 2, served["server_threads"]
     for _ in range(50):
-        left = other_api_servers(server) + sorted(_members(int(served["server_pgid"])))
+        left = other_api_servers(server) + sorted(members(int(served["server_pgid"])))
         if not left:
             break
         time.sleep(0.2)
@@ -317,13 +317,13 @@ def test_parity_under_load_over_http(served_run: tuple[Path, Path, list[int]]) -
 def test_a_killed_actor_takes_its_server_along(server: tuple[Any, dict[str, str]], local_ray: Any) -> None:
     """Last in the module: it kills the module's server. Its clean stop is `served_run`'s (the
     scheduler stops the `served` target, and nothing of its process group outlives the run)."""
-    from actors.vllm_server import _members
+    from actors.server_group import members
 
     actor, info = server
     group = int(info["server_pgid"])
     assert processes_with("EngineCore", group), "the engine core never started"
     local_ray.kill(actor)  # no shutdown, no atexit: only the kernel and Ray act now
     deadline = time.monotonic() + 60
-    while _members(group) and time.monotonic() < deadline:
+    while members(group) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _members(group) == set()
+    assert members(group) == set()

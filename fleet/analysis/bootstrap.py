@@ -17,9 +17,10 @@ what differs is Monte-Carlo noise and the bin width (the stated tolerance is in 
 from __future__ import annotations
 
 import functools
-from typing import TypeVar
 
 import numpy as np
+
+from fleet.analysis.linear_quantile import lerp, virtual_index
 
 EXACT_MAX_VALUES = 20_000
 BLOCKS = 1000
@@ -29,7 +30,6 @@ _FLOOR_QUANTILE = 0.5
 _CHUNK = 1 << 20
 # Below floor(log2(x) x BINS_PER_OCTAVE) of the smallest positive float32 (2^-149): the zeros' bin.
 _ZERO_BIN = -150 * BINS_PER_OCTAVE
-_Count = TypeVar("_Count", float, np.ndarray)  # one resample's total, or every resample's
 
 
 def interval(
@@ -114,8 +114,8 @@ class Tail:
         self.values, self.block, self.floor, self.n, self.block_n = values, block, floor, n, block_n
 
     def quantile(self, q: float) -> float | None:
-        """`quantile` of all n values, the same float, when both order statistics it interpolates
-        are in the tail; else None."""
+        """linear_quantile.quantile of all n values, the same float, when both order statistics it
+        interpolates are in the tail; else None."""
         index = (self.n - 1) * q
         below = int(np.floor(index))
         ranks = min(max(below, 0), self.n - 1), min(max(below + 1, 0), self.n - 1)
@@ -125,34 +125,7 @@ class Tail:
             return None
         wanted = [ranks[0] - missing, ranks[1] - missing]
         lo, hi = np.partition(above, wanted)[wanted]
-        return _lerp(lo, hi, index - below)
-
-
-def quantile(values: np.ndarray, q: float) -> float:
-    """numpy.quantile(values, q) ("linear"), the same float, for values without NaN. On a big array
-    an upper quantile's two order statistics are selected among the values above a bound read off
-    every 64th value (about 1 % of them for a p99), not by partitioning a copy of them all."""
-    n = len(values)
-    index = (n - 1) * q  # numpy's "linear" virtual index, as numpy.quantile computes it
-    below = int(np.floor(index))
-    ranks = min(max(below, 0), n - 1), min(max(below + 1, 0), n - 1)
-    if n >= _SELECT_MIN and values.dtype == np.float64:  # numpy interpolates other types in their own
-        sample = values[::64]
-        # Six standard deviations of the sample's rank under the quantile: the bound is below the
-        # order statistics wanted but for a freak sample, and then every value is partitioned.
-        spread = 6 * np.sqrt(len(sample) * q * (1 - q)) + 8
-        at = int(max(0, min(len(sample) - 1, np.floor(len(sample) * ranks[0] / n - spread))))
-        bound = np.partition(sample, at)[at]
-        top = values[values >= bound]
-        skipped = n - len(top)
-        if skipped <= ranks[0]:
-            wanted = [ranks[0] - skipped, ranks[1] - skipped]
-            lo, hi = np.partition(top, wanted)[wanted]
-            return _lerp(lo, hi, index - below)
-    return float(np.quantile(values, q))
-
-
-_SELECT_MIN = 1 << 16
+        return lerp(lo, hi, index - below)
 
 
 def draw(rng: np.random.Generator, units: int) -> np.ndarray:
@@ -199,7 +172,7 @@ def resampled_quantiles(values: np.ndarray, unit: np.ndarray, drawn: np.ndarray,
     for at in range(0, len(drawn), rows):
         counts = np.cumsum(drawn[at : at + rows][:, units], axis=1)
         total = counts[:, -1]
-        index = _virtual_index(total, quantile)
+        index = virtual_index(total, quantile)
         below = np.floor(index)
         # searchsorted(counts, rank, side="right") per row: the cumulative counts at or below the rank
         ends = [(np.clip(r, 0, total - 1)[:, None] >= counts).sum(axis=1) for r in (below, below + 1)]
@@ -208,17 +181,6 @@ def resampled_quantiles(values: np.ndarray, unit: np.ndarray, drawn: np.ndarray,
         found = np.where(t >= 0.5, hi - diff * (1 - t), lo + diff * t)
         out[at : at + rows] = np.where(total > 0, found, np.nan)
     return out
-
-
-def _virtual_index(n: _Count, quantile: float) -> _Count:
-    """numpy.quantile's "linear" virtual index, written as numpy computes it (bit for bit)."""
-    return n * quantile + (1 + quantile * (1 - 1 - 1)) - 1
-
-
-def _lerp(a: float, b: float, t: float) -> float:
-    """numpy's interpolation between neighbouring order statistics (its two-sided form)."""
-    diff = b - a
-    return float(b - diff * (1 - t)) if t >= 0.5 else float(a + diff * t)
 
 
 def log_bins(values: np.ndarray) -> np.ndarray:
@@ -303,11 +265,11 @@ class _Binned:
         """Every resample's quantile at once: `resampled_quantiles`' ranks and interpolation, on bins."""
         counts = np.cumsum(draws.astype(float) @ self.hist, axis=1)
         total = counts[:, -1].astype(np.int64)
-        index = _virtual_index(total, quantile)
+        index = virtual_index(total, quantile)
         below = np.floor(index).astype(np.int64)
         lo, hi = (self._values(counts, np.clip(r, 0, total - 1)) for r in (below, below + 1))
         t, diff = index - below, hi - lo
-        return np.where(t >= 0.5, hi - diff * (1 - t), lo + diff * t)  # _lerp, row by row
+        return np.where(t >= 0.5, hi - diff * (1 - t), lo + diff * t)  # lerp, row by row
 
     def _values(self, counts: np.ndarray, rank: np.ndarray) -> np.ndarray:
         """The value of 0-based `rank` in each row of cumulative counts: the bin's values taken as

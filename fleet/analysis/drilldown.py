@@ -7,7 +7,7 @@ candidate and the reference share; the driver then runs the layer probe there wi
 candidates. The last prefix position is where they disagree on the next token.
 
 Per probed target and prefix, every row (layer, kind) is compared with the reference's
-(fleet/analysis/probes.py's `layer_metrics`): `rel_l2` = ||h - h_ref|| / ||h_ref||, and the twin's
+(fleet/analysis/probe_metrics.py `layer_metrics`): `rel_l2` = ||h - h_ref|| / ||h_ref||, and the twin's
 `twin_rel_l2` the same way. A row **exceeds precision** when
 
     rel_l2 > margin * max(twin_rel_l2, FLOOR)
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from fleet.analysis import divergence, noise_model, probes
+from fleet.analysis import divergence, noise_model, probe_metrics
 from fleet.contracts.spec import DrillPoint
 from fleet.results import reader
 
@@ -103,7 +103,7 @@ def curve(
     for row in pairs.iter_rows(named=True):
         same = row["prompt_token_ids"] == row["_r_ids"]
         shape = (row["n_positions"], row["hidden_size"])
-        m = probes.layer_metrics(_array(row["_r"], shape), _array(row["hidden"], shape)) if same else {}
+        m = probe_metrics.layer_metrics(_array(row["_r"], shape), _array(row["hidden"], shape)) if same else {}
         rows.append(
             {
                 **{k: row[k] for k in (*on, "target", "twin_dtype")},

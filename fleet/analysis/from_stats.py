@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from fleet.analysis import aligned, bootstrap, divergence, from_tails, key_order, noise_model, parity
+from fleet.analysis import aligned, divergence, from_tails, key_order, linear_quantile, noise_model, parity
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.analysis.parity import CAND, PROMPT, RUN
 from fleet.results.prompt_stats import SPLIT
@@ -244,7 +244,7 @@ def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.Data
         nan = bool(np.isnan(cand_diff).any())
         tf: dict[str, float | None] = dict.fromkeys(_TF)
         if cand_diff.size and not nan:
-            p99 = bootstrap.quantile(cand_diff, divergence.NOISE_QUANTILE)
+            p99 = linear_quantile.quantile(cand_diff, divergence.NOISE_QUANTILE)
             tf = dict(zip(_TF, map(float, (cand_diff.max(), cand_diff.mean(), p99)), strict=True))
         if not cand_diff.size:  # nothing scored: no noise-model row, as from token rows
             return key | tf | prefix.row(0, named=True), None

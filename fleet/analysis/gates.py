@@ -1,6 +1,6 @@
 """Pass/fail gates: thresholds on a run's metrics, applied per model x candidate target.
 
-A gate names one metric (a column of analysis.parity or analysis.throughput, or of a probe table
+A gate names one metric (a column of parity.parity or throughput.throughput, or of a probe table
 registered in METRICS), an operator and a threshold, e.g. `pearson_r >= 0.99`. With `baseline`,
 the bound is `ratio` times a stored value, `output_tok_s >= 0.95 x 948.3`, or times an earlier
 run's figure, judged on a bootstrap interval (fleet/analysis/baseline.py). Every verdict row

@@ -67,7 +67,7 @@ def accuracy_intervals(
     seed: int = 0,
 ) -> list[Interval]:
     """The 95 % interval of b - a of accuracy_pct and task_accuracy_delta of every target of a model
-    both runs judged (`judged_*`: parity.judged), each run's task items resampled."""
+    both runs judged (`judged_*`: task_accuracy.judged), each run's task items resampled."""
     out = []
     for model in sorted(set(judged_a["model"]) & set(judged_b["model"])):
         rng = np.random.default_rng(seed)

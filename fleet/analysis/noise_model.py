@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from fleet.analysis import bootstrap
+from fleet.analysis import bootstrap, linear_quantile
 from fleet.analysis.parity import CAND, RUN, Frame, split
 from fleet.results.info import RunInfo
 
@@ -142,12 +142,12 @@ def one(
             cand, twin_values, prompt, cand_p99 = cand[twinned], twin[twinned], prompt[twinned], None
         else:
             twin_values = twin
-        twin_p99 = bootstrap.quantile(twin_values, QUANTILE)
+        twin_p99 = linear_quantile.quantile(twin_values, QUANTILE)
     else:
         source = default_source(dtype, allowance)
         twin_p99 = DEFAULT_TWIN_P99.get(dtype, DEFAULT_TWIN_P99["bfloat16"])
     noise = twin_p99 * allowance
-    cand_q = bootstrap.quantile(cand, QUANTILE) if cand_p99 is None else cand_p99
+    cand_q = linear_quantile.quantile(cand, QUANTILE) if cand_p99 is None else cand_p99
     excess = cand_q / noise if noise > 0 else None
     # Prompts renumbered 0..P-1 over those left, in key order: the bootstrap's resampling unit.
     present = np.bincount(prompt) > 0

@@ -1,4 +1,4 @@
-"""Parity and throughput metrics over one run's result tables (Polars only: no torch, no engine).
+"""Parity metrics over one run's result tables (Polars only: no torch, no engine).
 
 A run holds, per model, several targets' greedy generations of the same prompts. One target is
 the *reference* (the float32 HF run); every other target is a *candidate* compared against it on
@@ -17,10 +17,10 @@ the same (model, prompt_set, prompt_id). There are two kinds of comparison:
 The free-running metrics follow the adaptation reports' accuracy sections (first-step top-1
 agreement, logprob difference, probability relative error |P_cand - P_ref| / P_ref, sequence
 exact-match rate, token-by-position match rate such as 97/120, Pearson r and MAE of logprobs on
-matched tokens). `parity` condenses everything to one row per (model, candidate target);
-`throughput` is the performance side. Every function takes DataFrames or LazyFrames with the
-columns of fleet.schema and returns a DataFrame; logprobs are float32 on disk and are widened to
-float64 before any arithmetic.
+matched tokens). `parity` condenses everything to one row per (model, candidate target). Every
+function takes DataFrames or LazyFrames with the columns of fleet/contracts/schema.py and returns a DataFrame;
+logprobs are float32 on disk and are widened to float64 before any arithmetic. A run's
+throughput and its task accuracy are in fleet/analysis/throughput.py and task_accuracy.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from fleet.analysis import aligned, key_order, ties
+from fleet.analysis import aligned, ties
 from fleet.analysis.missing import no_nan
 from fleet.contracts.errors import UserError
 from fleet.results import prompt_stats
@@ -247,79 +247,6 @@ def prefix_expressions() -> dict[str, pl.Expr]:
         "pearson_r": pl.when(pl.len() >= 2).then(pl.corr(a, b)).fill_nan(None),
         "mae": no_nan(a - b, (a - b).abs().mean()),
     }
-
-
-def throughput(requests: Frame, shards: Frame) -> pl.DataFrame:
-    """Per (model, target): output_tok_s = sum(n_output_tokens) / sum(wall_s) over shards; latency quantiles.
-
-    {ttft,tpot,e2e}_p{50,90,99}_s are linear-interpolated quantiles over the requests, nulls
-    skipped (tpot is null for 1-token outputs, so a target with only those gets null tpot).
-
-    Shards may run concurrently on different nodes, so output_tok_s is tokens per engine-second
-    (one engine's throughput), not the fleet's aggregate rate.
-    """
-    latencies = [
-        no_nan(pl.col(f"{metric}_s"), pl.col(f"{metric}_s").quantile(q / 100, interpolation="linear")).alias(
-            f"{metric}_p{q}_s"
-        )
-        for metric in ("ttft", "tpot", "e2e")
-        for q in (50, 90, 99)
-    ]
-    per_request = requests.lazy().group_by(RUN).agg(*latencies, n_requests=pl.len())
-    per_shard = (
-        shards.lazy()
-        .group_by(RUN)
-        .agg(output_tokens=pl.col("n_output_tokens").cast(pl.Int64).sum(), wall_s=pl.col("wall_s").sum())
-        .with_columns(output_tok_s=pl.when(pl.col("wall_s") > 0).then(pl.col("output_tokens") / pl.col("wall_s")))
-    )
-    return (
-        per_request.join(per_shard, on=RUN, how="full", coalesce=True)
-        .select(
-            *RUN, "n_requests", "output_tokens", "wall_s", "output_tok_s", *(q.meta.output_name() for q in latencies)
-        )
-        .sort(RUN)
-        .collect()
-    )
-
-
-def accuracy(requests: Frame, reference: str) -> pl.DataFrame:
-    """Per (model, target) over prompts with an expected answer: accuracy = correct / n, in %;
-    delta_points = accuracy - the reference's accuracy on the same model (fleet.prompts.is_correct)."""
-    return accuracy_of(judged(requests), reference)
-
-
-def judged(requests: Frame) -> pl.DataFrame:
-    """Every answer to a prompt with an expected one: CAND and `correct` (the task item, the unit
-    `fleet compare` resamples task accuracy by)."""
-    from fleet.contracts.prompts import is_correct
-
-    with_rule = requests.lazy().filter(pl.col("expected").is_not_null())
-    # Judged once per distinct (rule, output): the judge is Python, and repeats (the same answer
-    # from several targets) are common.
-    verdicts = (
-        with_rule.select("expected", "output_text")
-        .unique()
-        .with_columns(
-            correct=pl.struct("expected", "output_text").map_elements(
-                lambda r: is_correct(r["expected"], r["output_text"]), return_dtype=pl.Boolean
-            )
-        )
-    )
-    judged = with_rule.join(verdicts, on=["expected", "output_text"], how="left", nulls_equal=True)
-    return key_order.sort_by(judged.select(*CAND, "correct").collect(), CAND)
-
-
-def accuracy_of(judged: pl.DataFrame, reference: str) -> pl.DataFrame:
-    """`accuracy` from `judged`'s answers."""
-    per_target = judged.group_by(RUN).agg(
-        n_expected=pl.len(), n_correct=pl.col("correct").sum(), accuracy_pct=100 * pl.col("correct").mean()
-    )
-    ref = per_target.filter(pl.col("target") == reference).select("model", ref_accuracy_pct="accuracy_pct")
-    return (
-        per_target.join(ref, on="model", how="left")
-        .with_columns(delta_points=pl.col("accuracy_pct") - pl.col("ref_accuracy_pct"))
-        .sort(RUN)
-    )
 
 
 def answers(requests: Frame, reference: str) -> pl.DataFrame:

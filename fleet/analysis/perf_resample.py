@@ -165,7 +165,7 @@ PARITY_LATENCIES = [f"{m}_p{q}_s" for m in ("ttft", "tpot", "e2e") for q in (50,
 
 def parity_runs(requests: pl.DataFrame) -> dict[tuple[str, str], Level]:
     """(model, target) -> its parity requests as a Level (no wall time: their latency quantiles only,
-    parity.throughput's PARITY_LATENCIES; the requests in key order)."""
+    throughput.throughput's PARITY_LATENCIES; the requests in key order)."""
     no_gaps = pl.lit(None, pl.List(pl.Float64))
     rows = requests.with_columns(error=pl.lit(None, pl.String), itl_s=no_gaps).sort("prompt_set", "prompt_id")
     return {

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import polars as pl
 import pyarrow.fs as pafs
 
-from fleet.analysis import divergence, perf, workload
+from fleet.analysis import divergence, perf, throughput, workload
 from fleet.analysis import parity as analysis
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.contracts.errors import UserError
@@ -53,7 +53,7 @@ DERIVED: dict[str, Callable[[Tables, Settings], pl.DataFrame]] = {
     "first_step": lambda t, s: analysis.first_step(t["tokens"], s.reference),
     "sequences": lambda t, s: analysis.sequences(t["requests"], s.reference),
     "kl_topk": lambda t, s: analysis.kl_topk(t["tokens"], s.reference),
-    "throughput": lambda t, _: analysis.throughput(t["requests"], t["shards"]),
+    "throughput": lambda t, _: throughput.throughput(t["requests"], t["shards"]),
     "perf": lambda t, _: perf.summary(t["perf_requests"], t["perf_levels"]),
     "perf_lengths": lambda t, _: workload.lengths(t["perf_requests"], t["perf_levels"]),
     "divergences": lambda t, s: divergence.divergences(t["requests"], t["tokens"], s.reference, spec=s.noise),
@@ -84,7 +84,7 @@ EXAMPLES = {
 
 
 def tables(run_dir: str | Path) -> Tables:
-    """The stored tables of run_dir (a local directory or a URI) by name: the three of fleet.schema
+    """The stored tables of run_dir (a local directory or a URI) by name: the three of fleet/contracts/schema.py
     plus any other Parquet directory; of a results root, every run's, stacked."""
     if not catalog.is_run(run_dir) and catalog.is_root(run_dir):
         return catalog.stacked(run_dir)

@@ -11,7 +11,8 @@ from fleet.contracts.schema import KEYS, table_schema
 # Probe tables (issue 6), opt-in per manifest: full-vocabulary logprobs (the Qwen2.5 report's
 # logits comparison) and hidden states after every layer (the Llama-3.2 report's layer-wise
 # comparison). The float vectors are one list<float32> per row, never one row per element;
-# analysis in fleet/probes.py. Stored under these names: gates.METRICS points at "logits"/"layers".
+# analysis in fleet/analysis/probes.py and probe_metrics.py. Stored under these names: gates.METRICS
+# points at "logits"/"layers".
 _PROMPT_IDS = pa.field(
     "prompt_token_ids", pa.list_(pa.int32()), metadata={"doc": "the prompt as this engine tokenized it"}
 )

@@ -34,6 +34,8 @@ from fleet.analysis import (
     parity_resample,
     probes,
     stats_divergences,
+    task_accuracy,
+    throughput,
 )
 from fleet.analysis import gates as gate_mod
 from fleet.analysis import parity as analysis
@@ -70,8 +72,8 @@ class RunReport:
     first_step: pl.DataFrame  # analysis.first_step: the `top` largest rel_err per candidate
     sequences: pl.DataFrame  # analysis.answers + sequences + prompt, the `top` worst prompts per candidate
     shown: pl.DataFrame  # per candidate: prompts, and how many of them the per-prompt tables show
-    accuracy: pl.DataFrame | None  # analysis.accuracy; None: no prompt has an expected answer
-    throughput: pl.DataFrame  # analysis.throughput (parity runs, engine-side timestamps)
+    accuracy: pl.DataFrame | None  # task_accuracy.accuracy; None: no prompt has an expected answer
+    throughput: pl.DataFrame  # throughput.throughput (parity runs, engine-side timestamps)
     scenarios: pl.DataFrame | None  # fleet.analysis.perf.summary per level
     smoke: pl.DataFrame | None  # the smoke table
     load_parity: pl.DataFrame | None  # load_parity.table: per target x scenario x level; None: no `parity:`
@@ -86,7 +88,7 @@ class RunReport:
     notices: list[str]
     colors: dict[str, str]  # target -> plot colour, the same in every plot
     sweeps: pl.DataFrame | None = None  # fleet.analysis.perf.sweep_curve; None: no scenario sweeps
-    judged: pl.DataFrame | None = None  # analysis.judged: every answer with an expected one (None: no such prompt)
+    judged: pl.DataFrame | None = None  # task_accuracy.judged: every answer with an expected one (None: no such prompt)
     load_prompts: pl.DataFrame | None = None  # load_parity.evaluate: each load parity prompt's verdicts
     consistency_prompts: pl.DataFrame | None = None  # consistency.prompt_pairs: each variant pair's prompts
     prompt_stats: pl.LazyFrame | None = None  # the prompt_stats table, scanned, where the figures came from it
@@ -120,8 +122,8 @@ class RunReport:
         scans["requests"] = scans["requests"].drop("prompt_token_ids", "messages", "prompt", "output_text")
         t = {name: frame.collect() for name, frame in scans.items()}
         requests = t["requests"]
-        judged = analysis.judged(texts)
-        accuracy = analysis.accuracy_of(judged, ref)
+        judged = task_accuracy.judged(texts)
+        accuracy = task_accuracy.accuracy_of(judged, ref)
         variants, repeats = info.variants, info.repeats
         spec = NoiseSpec.from_info(info)
         use_stats = reader.covers(run_dir, "prompt_stats", "tokens") and from_stats.usable(stats)
@@ -148,7 +150,7 @@ class RunReport:
             sequences=sequences,
             shown=_shown(first, sequences),
             accuracy=accuracy if accuracy.height else None,
-            throughput=analysis.throughput(requests, t["shards"]),
+            throughput=throughput.throughput(requests, t["shards"]),
             scenarios=runs.filter(pl.col("probe") == 0) if runs is not None else None,
             smoke=t["smoke"] if t["smoke"].height else None,
             load_parity=load[0] if load else None,
