@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	# mindstudio-probe (dev: the msprobe loader test_drilldown checks its configs with) declares
 	# skl2onnx, hence onnx, scikit-learn, scipy and ml_dtypes, which its loader never imports;
 	# transformers imports sklearn and scipy, and xgrammar ml_dtypes, whenever they are installed:
-	# about 3 s more CPU in every engine process the suite starts (docs/measurements.md).
+	# about 2 s more CPU in every engine process the suite starts (docs/measurements.md).
 	$(PY) -m pip uninstall --quiet -y skl2onnx onnx scikit-learn scipy ml-dtypes
 	rm -f $(VENV)/.installed-*
 	touch $@
