@@ -22,7 +22,7 @@ from test_compare import DIVERGED, SAME, write_run
 from fleet.analysis import aligned, bootstrap, from_stats, linear_quantile, parity, stats_divergences
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.contracts import schema
-from fleet.report import model
+from fleet.report import figures
 from fleet.report.model import RunReport
 from fleet.results import prompt_rows, reader
 from fleet.results.store import RunStore
@@ -30,12 +30,12 @@ from fleet.results.store import RunStore
 FRAMES = ("parity", "first step", "divergences", "sequences")
 
 
-def both_paths(run: Path) -> tuple[model.Figures, model.Figures]:
+def both_paths(run: Path) -> tuple[figures.Figures, figures.Figures]:
     info = reader.read_info(run)
     scans = reader.load(run)
     requests, spec = scans["requests"].collect(), NoiseSpec.from_info(info)
-    exact = model._from_tokens(requests, scans["tokens"], info.reference, spec)
-    return exact, model._from_stats(requests, scans["prompt_stats"], info.reference, spec)
+    exact = figures.from_token_rows(requests, scans["tokens"], info.reference, spec)
+    return exact, figures.from_prompt_stats(requests, scans["prompt_stats"], info.reference, spec)
 
 
 def assert_same_figures(run: Path) -> None:

@@ -20,7 +20,7 @@ from test_report_aggregates import FRAMES, _prompts
 
 from fleet.analysis import bootstrap, from_stats, from_tails, linear_quantile
 from fleet.analysis.noise_model import NoiseSpec
-from fleet.report import model
+from fleet.report import figures
 from fleet.results import prompt_tails, reader
 
 
@@ -47,8 +47,8 @@ def test_engine_run_figures_from_tails_are_those_from_every_position(
     prompt = pairs.cand["prompt"].to_numpy()
     for model_name, target, first, end, *_ in pairs.candidates():  # the tails give every figure here
         assert from_tails.figures(pairs.cand[first:end], prompt[first:end], spec, model_name, target) is not None
-    merged = model._from_stats(requests, stats, ref, spec)
-    positions = model._from_stats(requests, _without_aggregates(stats), ref, spec)
+    merged = figures.from_prompt_stats(requests, stats, ref, spec)
+    positions = figures.from_prompt_stats(requests, _without_aggregates(stats), ref, spec)
     for name, a, b in zip(FRAMES, positions, merged, strict=True):
         assert a.height, name
         assert_frame_equal(a, b, check_exact=False, rel_tol=1e-12, abs_tol=0.0)
@@ -62,7 +62,7 @@ def test_engine_run_tails_within_tolerance_of_exact_resampling(engine_run: Path)
     requests, stats, ref, spec = _load(engine_run)
     pairs = from_stats.Pairs.load(requests, stats, ref)
     prompt = pairs.cand["prompt"].to_numpy()
-    exact = model._from_stats(requests, _without_aggregates(stats), ref, spec)[0]
+    exact = figures.from_prompt_stats(requests, _without_aggregates(stats), ref, spec)[0]
     for model_name, target, first, end, *_ in pairs.candidates():
         found = from_tails.figures(pairs.cand[first:end], prompt[first:end], spec, model_name, target, exact_max=0)
         assert found is not None

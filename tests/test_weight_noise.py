@@ -78,7 +78,7 @@ def test_weight_noise_needs_safetensors_and_a_sane_size(tmp_path: Path, monkeypa
 
 
 def test_the_report_names_targets_that_loaded_other_weights() -> None:
-    from fleet.report.sections import weights_lines
+    from fleet.report.parity_lines import weights_lines
     from fleet.results.info import RunInfo
 
     info = {

@@ -28,7 +28,8 @@ import polars as pl
 from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import load_yaml, read_text
 from fleet.contracts.messages import unknown
-from fleet.report.model import RunReport, architecture
+from fleet.report.model import RunReport
+from fleet.report.provenance import architecture
 from fleet.results import reader
 from fleet.results.info import RunInfo
 from fleet.run import driver

@@ -1,7 +1,8 @@
 """The standard report sections, registered in the order the text summary prints them
 (fleet.report.blocks holds the registry). Each is its key, title, Markdown chapter, columns
 (fleet.report.columns) and a build function over the RunReport; the figures come from
-fleet.analysis, the sentences around them are here.
+fleet.analysis, the lines written from them under a table from fleet.report.parity_lines and
+fleet.report.perf_lines, and the notes that say how to read a table are here.
 """
 
 from __future__ import annotations
@@ -10,11 +11,20 @@ from typing import Any
 
 import polars as pl
 
-from fleet.analysis import consistency, perf, workload
+from fleet.analysis import consistency, workload
 from fleet.report import columns, drilldown
 from fleet.report.blocks import SECTIONS, Block, Section, SectionSpec, Table, register
 from fleet.report.model import NO_VERDICT, RunReport
-from fleet.results.info import RunInfo
+from fleet.report.parity_lines import (
+    cut_note,
+    first_step_totals,
+    noise_floor_lines,
+    precision_lines,
+    sequence_totals,
+    setting_effect_lines,
+    weights_lines,
+)
+from fleet.report.perf_lines import client_bound, conditions
 
 EVIDENCE = "Evidence: each check's value recomputed from the run's tables (a Polars expression)"
 ACCURACY, PERFORMANCE = "Accuracy", "Performance"  # Markdown chapters
@@ -200,17 +210,7 @@ def _setting_effects(r: RunReport, spec: SectionSpec) -> list[Block]:
     effects = consistency.effects(r.consistency, r.parity)
     if effects.is_empty():
         return []
-    lines = []
-    for (model, setting), group in effects.group_by("model", "setting", maintain_order=True):
-        worst = group.sort("effect_x_noise", descending=True, nulls_last=True).row(0, named=True)
-        changed, prompts = int(group["paths_changed"].fill_null(0).sum()), int(group["n_prompts"].sum())
-        above = (group["effect"] == "above noise").any()
-        lines.append(
-            f"{model} / {setting}: TF p99 moves by {_g(worst['delta_tf_p99'])} nats at most "
-            f"({_g(worst['effect_x_noise'])}x the noise {_g(worst['noise'])}); {changed} of {prompts} greedy paths "
-            f"change beyond the noise over {group.height} pairs: {'above' if above else 'within'} noise"
-        )
-    return [*spec.table(effects), lines]
+    return [*spec.table(effects), setting_effect_lines(effects)]
 
 
 @register("noise_floor", "Noise floor (each repeated target against itself)", chapter=ACCURACY,
@@ -219,25 +219,7 @@ def _noise_floor(r: RunReport, spec: SectionSpec) -> list[Block]:
     """The floor, and what it says about each candidate's distance from the reference."""
     if r.noise_floor is None or r.noise_floor.is_empty():
         return []
-    lines = []
-    for row in r.noise_floor.iter_rows(named=True):
-        floor = row["max_abs_logprob_diff"]
-        vs_ref = r.parity.filter((pl.col("model") == row["model"]) & (pl.col("target") == row["target"]))
-        to_ref = vs_ref["tf_max_abs_logprob_diff"].item() if vs_ref.height else None
-        where = f"{row['model']} / {row['target']}"
-        if floor is None:
-            lines.append(f"{where}: no common prefix with its copy to compare.")
-        elif floor == 0:
-            lines.append(
-                f"{where}: bit-identical to its rerun (floor 0 within this run on this machine); its distance "
-                f"to the reference (TF max |dlogp| {_g(to_ref)}) is not run-to-run noise here. Another machine's "
-                "kernels may still differ, which the near-tie rule allows for."
-            )
-        elif to_ref is not None and to_ref <= floor:
-            lines.append(f"{where}: TF max |dlogp| to the reference {_g(to_ref)} is within its own noise {_g(floor)}.")
-        else:
-            lines.append(f"{where}: TF max |dlogp| to the reference {_g(to_ref)}; its own noise is {_g(floor)}.")
-    return [*spec.table(r.noise_floor), lines]
+    return [*spec.table(r.noise_floor), noise_floor_lines(r.noise_floor, r.parity)]
 
 
 def _architecture(model: str, arch: dict[str, Any]) -> Block:
@@ -276,159 +258,4 @@ def sections(report: RunReport, *, standard: bool = True) -> dict[str, Section]:
     if "gates" in out and report.verdicts is not None:  # the verdict in the title: a reader scanning headings
         gates = out["gates"]
         out["gates"] = Section(gates.key, f"{gates.title}: {'PASS' if report.gates_passed else 'FAIL'}", gates.blocks)
-    return out
-
-
-def conditions(info: RunInfo) -> list[str]:
-    """Each perf scenario's test conditions, and which targets loaded dummy weights (their speed is
-    a real figure, their outputs are not)."""
-    out = [
-        f"{s['name']}: {s['num_requests']} requests per level at concurrency {s['concurrency']}, "
-        + _prompts(s)
-        + f", {_count(s['output_tokens'])} output tokens "
-        + ("(ignore_eos)" if s.get("ignore_eos", True) else "(at most: free output)")
-        + f", warm-up {s['warmup_requests']}, "
-        + _arrivals(s)
-        for s in info.perf
-    ]
-    dummies = [t["name"] for t in info.targets if (t.get("engine_args") or {}).get("load_format") == "dummy"]
-    return out + ([f"dummy-weight targets (load_format: dummy): {', '.join(dummies)}"] if dummies else [])
-
-
-def _prompts(s: dict[str, Any]) -> str:
-    """What a scenario's prompts were: their source, their structure and how they were sent."""
-    if s.get("trace"):
-        return f"trace {s['trace']} replayed at its own times (sent as {s.get('send', 'ids')})"
-    if not s.get("input_tokens"):
-        return f"prompts of set {s['prompt_set']}"
-    text = f"{_count(s['input_tokens'])} input tokens"
-    if prefix := s.get("shared_prefix"):
-        text += f" after a shared prefix of {prefix['prefix_tokens']} ({prefix['groups']} groups)"
-    if turns := s.get("multi_turn"):
-        text += f" per turn, {turns['turns']}-turn conversations re-sending their history"
-    sent = {"ids": "", "text": ", sent as text", "chat": ", sent as chat (counted after the chat template)"}
-    return text + sent[s.get("send", "ids")]
-
-
-def _count(value: int | dict[str, Any]) -> str:
-    """A token count or its distribution, as the manifest gave it."""
-    if isinstance(value, int):
-        return str(value)
-    if value["distribution"] == "fixed":
-        return str(value["mean"])
-    if value["distribution"] == "uniform":
-        return f"uniform {value['min']}-{value['max']}"
-    return f"normal({value['mean']}, {value['std']:g}) in {value['min']}-{value['max']}"
-
-
-def _arrivals(scenario: dict[str, Any]) -> str:
-    if scenario.get("trace"):
-        clients = f", {scenario['clients']} client processes" if (scenario.get("clients") or 1) > 1 else ""
-        return f"arrivals at the trace's times{clients}"
-    rate, shape, ramp, sweep = (scenario.get(k) for k in ("request_rate", "burstiness", "ramp", "sweep"))
-    gaps = "evenly spaced" if scenario.get("arrival") == "constant" else (
-        "Poisson" if shape in (None, 1) else f"gamma gaps of burstiness {shape:g}"
-    )  # fmt: skip
-    clients = f", {scenario['clients']} client processes" if (scenario.get("clients") or 1) > 1 else ""
-    if sweep:
-        return f"a sweep from {sweep['floor_rps']:g}/s to the closed loop's rate, {gaps}{clients}"
-    if ramp:
-        how = f"{ramp['strategy']} ramp from {ramp['start_rps']:g}/s to {ramp['end_rps']:g}/s"
-        return f"arrivals on a {how}, {gaps}{clients}"
-    if rate is None:
-        return f"closed loop{clients}"
-    return f"arrivals at {rate:g}/s, {gaps}{clients}"
-
-
-def client_bound(scenarios: pl.DataFrame | None) -> list[Block]:
-    """A warning naming the levels whose client may have set the pace (fleet/analysis/perf.py's rule)."""
-    if scenarios is None or "client_bound" not in scenarios.columns:
-        return []
-    flagged = scenarios.filter(pl.col("client_bound").fill_null(False))
-    if flagged.is_empty():
-        return []
-    where = ", ".join(f"{t} / {s} @ {lv}" for t, s, lv in flagged.select("target", "scenario", "level").iter_rows())
-    return [
-        f"Client-bound (send lag p99 > {perf.CLIENT_LAG_S * 1000:g} ms or client CPU > "
-        f"{perf.CLIENT_CPU_SHARE:.0%} of a core): {where}. These figures may measure the load generator, not "
-        "the target: spread the load over more client processes (the scenario's clients) or nodes."
-    ]
-
-
-def _g(value: float | None, *, scale: float = 1.0) -> str:
-    return "n/a" if value is None else f"{scale * value:.4g}"
-
-
-def _pct(rate: float | None) -> str:
-    return "n/a" if rate is None else f"{100 * rate:.1f}%"
-
-
-def cut_note(r: RunReport, table: str, order: str) -> list[Block]:
-    """Where a per-prompt table shows only the worst prompts: how many, and the query for the rest."""
-    cut = r.shown.filter(pl.col("n_shown") < pl.col("n_prompts"))
-    if cut.is_empty():
-        return []
-    counts = ", ".join(f"{t}: {s} of {n}" for t, s, n in cut.select("target", "n_shown", "n_prompts").iter_rows())
-    return [
-        f"Showing the worst prompts per target ({counts}; `--top N` shows more). All of them: "
-        f"`fleet query {r.run_dir} \"SELECT * FROM {table} WHERE target = '{cut['target'][0]}' {order}\"`"
-    ]
-
-
-def weights_lines(info: RunInfo, reference: str | None) -> list[Block]:
-    """Targets that loaded other weights than the reference did for the same model (a calibrate
-    mutant's weight_noise, a different checkpoint behind one name): their parity is not a port's."""
-    prov = info.provenance
-    lines = []
-    for key, facts in prov.items():
-        model, target = key.split("/", 1)
-        ref = prov.get(f"{model}/{reference}", {}).get("weights_sha256")
-        if target != reference and ref and facts.get("weights_sha256") not in (None, ref):
-            lines.append(f"{key}: weights {facts['weights_sha256']}, not the reference's {ref}")
-    return [["These targets loaded other weights than the reference:", *lines]] if lines else []
-
-
-def first_step_totals(parity: pl.DataFrame) -> list[str]:
-    """The summary lines under the first-step table: means and the top-1 count."""
-    return [
-        f"{r['model']} / {r['target']}: mean |diff| {_g(r['first_logprob_diff_mean'])}, "
-        f"mean rel err {_g(r['first_prob_rel_err_mean'], scale=100)}%, "
-        f"top-1 agreement {round((r['first_top1_agreement'] or 0) * r['n_prompts'])}/{r['n_prompts']}"
-        for r in parity.iter_rows(named=True)
-    ]
-
-
-def precision_lines(parity: pl.DataFrame) -> list[str]:
-    """Each candidate's error against the noise model's (fleet/analysis/noise_model.py): within
-    precision, or beyond it by more than the bootstrap interval (a bug)."""
-    out = []
-    for r in parity.iter_rows(named=True):
-        if r.get("tf_excess") is None:
-            out.append(f"{r['model']} / {r['target']}: precision not measured ({r.get('noise_source') or 'no rows'})")
-            continue
-        out.append(
-            f"{r['model']} / {r['target']}: TF p99 |dlogp| {_g(r['tf_p99_abs_logprob_diff'])} is "
-            f"{r['tf_excess']:.2f}x the noise {_g(r['noise'])} nats ({r['noise_source']}), 95% CI "
-            f"{r['tf_excess_ci_low']:.2f}-{r['tf_excess_ci_high']:.2f}: {r['precision_verdict']}"
-        )
-    return out
-
-
-def sequence_totals(parity: pl.DataFrame) -> list[str]:
-    """Sequence and token match with their counts, and r / MAE over the matched tokens."""
-    out = []
-    for r in parity.iter_rows(named=True):
-        seqs = round(r["seq_match_rate"] * r["n_prompts"])
-        out.append(
-            f"{r['model']} / {r['target']}: sequence match {seqs}/{r['n_prompts']} "
-            f"({_pct(r['seq_match_rate'])}), token match {r['tokens_matched']}/{r['tokens_total']} "
-            f"({_pct(r['token_match_rate'])}), "
-            f"matched-token logprob r = {_g(r['pearson_r'])}, MAE = {_g(r['mae'])}"
-            + (
-                f"; of {r['n_diverged']} divergences {r['near_ties']} near ties "
-                f"(within the noise {_g(r.get('noise'))} nats)"
-                if r.get("near_ties") is not None and r["n_diverged"]
-                else ""
-            )
-        )
     return out
