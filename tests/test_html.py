@@ -168,6 +168,26 @@ def test_plots_from_hand_made_frames() -> None:
     assert "no data" in svg.scatter({"a": ([float("nan")], [1.0])}, title="t", x_label="x", y_label="y")
 
 
+def test_the_logprob_scatter_is_the_same_whatever_the_row_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Equal |dlogp| everywhere past the cap: which points are kept and their order follow the keys,
+    # not the order the rows were read in (a page rendered twice is the same page).
+    monkeypatch.setattr(plots, "_SCATTER_CAP", 5)
+    n = 40
+    tokens = pl.DataFrame(
+        {
+            "model": ["m"] * n,
+            "target": ["c"] * n,
+            "prompt_set": ["s"] * n,
+            "prompt_id": [f"p{i % 7}" for i in range(n)],
+            "position": list(range(n)),
+            "logprob": [-1.0 - (i % 3 == 0) for i in range(n)],
+            "ref_logprob": [-1.5] * n,
+        }
+    )
+    pages = {plots.logprob_scatter(tokens.sample(fraction=1.0, shuffle=True, seed=seed), {}) for seed in range(6)}
+    assert len(pages) == 1 and "5 of 40 positions" in pages.pop()
+
+
 # --- in a real browser ---------------------------------------------------------------------------
 
 CHROMIUM = shutil.which("chromium")

@@ -130,7 +130,8 @@ def _plots(report: RunReport, key: str) -> list[str]:
     """The plots of a measured section, coloured per target (RunReport.colors)."""
     t, colors = report.tables, report.colors
     if key == "parity":
-        tokens = report.tokens.select("model", "target", "position", "logprob", "ref_logprob")
+        keys = ("model", "target", "prompt_set", "prompt_id", "position")  # the scatter breaks ties by them
+        tokens = report.tokens.select(*keys, "logprob", "ref_logprob")
         return [plots.logprob_scatter(tokens, colors), plots.drift_by_position(tokens, colors)]
     if key == "sequences":
         return [plots.divergence_histogram(report.sequences, colors)]

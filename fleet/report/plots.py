@@ -37,12 +37,14 @@ def logprob_scatter(tokens: pl.DataFrame | pl.LazyFrame, colors: Colors) -> str:
     """Teacher-forced: the reference's logprob of each candidate token (x) vs the candidate's own (y)."""
     tok = tokens.lazy().filter(pl.col("ref_logprob").is_not_null())
     # The points off the diagonal are the story: keep the largest differences, thin out the rest.
+    # Ties (many equal |dlogp|) go to the first positions in key order, so a page is the same each time.
+    order, reverse = ["d", "prompt_set", "prompt_id", "position"], [False, True, True, True]
     shown = (
         tok.with_columns(d=(pl.col("logprob") - pl.col("ref_logprob")).abs())
         .group_by("model", "target")
-        .agg(pl.all().top_k_by("d", _SCATTER_CAP))
+        .agg(pl.all().top_k_by(order, _SCATTER_CAP, reverse=reverse))
         .explode(cs.exclude("model", "target"))
-        .sort("model", "target", "d", descending=[False, False, True])
+        .sort("model", "target", *order, descending=[False, False, *(not r for r in reverse)])
         .collect()
     )
     total = tok.select(pl.len()).collect().item()
