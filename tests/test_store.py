@@ -122,7 +122,9 @@ def test_the_writer_keeps_freed_memory_for_the_next_shard() -> None:
         }
     )
     prompt_rows.summarize(tokens)  # the first shard takes its memory from the kernel
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    prompt_rows.summarize(tokens)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    assert faults < 300
+    faults = []
+    for _ in range(3):  # the fewest of three: the count is the process's, other threads fault too
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        prompt_rows.summarize(tokens)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    assert min(faults) < 300, faults
