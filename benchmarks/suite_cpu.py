@@ -24,8 +24,8 @@ KINDS = [
     ("vLLM engine core / TP rank", ("EngineCore", "VLLM::Worker", "VllmWorker")),
     ("fleet target actor (ray::TargetActor)", ("ray::TargetActor",)),
     ("other Ray actor or task", ("ray::",)),
-    ("vLLM OpenAI server", ("vllm.entrypoints.openai.api_server",)),
-    ("vLLM model-registry inspection", ("vllm.model_executor.models.registry",)),
+    ("vLLM OpenAI server", ("entrypoints.openai.api_server",)),
+    ("vLLM model-registry inspection", ("model_executor.models.registry",)),
     ("Ray's own (raylet, GCS, agents, workers)", ("raylet", "gcs_server", "dashboard", "/ray/", "default_worker")),
     ("pytest (and xdist workers)", ("pytest",)),
     ("compilers", ("cc1plus", "/usr/bin/ld", "gcc")),
@@ -46,7 +46,9 @@ def busy_ticks() -> tuple[int, int]:
     return sum(values) - values[3] - values[4], sum(values)
 
 
-def sample(seen: dict[tuple[str, str], tuple[float, str]], skip: int) -> None:
+def sample(seen: dict[tuple[str, str], tuple[float, str, str]], skip: int) -> None:
+    """Each process's CPU so far and its latest command line: a Ray worker's changes when it becomes
+    an actor (`ray::TargetActor`), so the kind is decided at the end, from the last one seen."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == skip:
             continue
@@ -55,11 +57,10 @@ def sample(seen: dict[tuple[str, str], tuple[float, str]], skip: int) -> None:
             fields = rest.split()
             cpu = (int(fields[11]) + int(fields[12])) / HZ
             key = (entry.name, fields[19])  # pid and start time: a reused pid is another process
-            if key not in seen:
-                cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                seen[key] = (cpu, kind(cmdline, comm.split("(", 1)[1]))
-            else:
-                seen[key] = (max(cpu, seen[key][0]), seen[key][1])
+            if key in seen and cpu <= seen[key][0]:
+                continue
+            cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            seen[key] = (cpu, cmdline or seen.get(key, (0.0, "", ""))[1], comm.split("(", 1)[1])
         except (OSError, IndexError, ValueError):
             continue  # gone between the listing and the read
 
@@ -72,7 +73,7 @@ def main() -> None:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given (put it after --)")
-    seen: dict[tuple[str, str], tuple[float, str]] = {}
+    seen: dict[tuple[str, str], tuple[float, str, str]] = {}
     sample(seen, os.getpid())
     before = dict(seen)
     start, t0 = busy_ticks(), time.monotonic()
@@ -84,8 +85,9 @@ def main() -> None:
     wall, end = time.monotonic() - t0, busy_ticks()
     by_kind: defaultdict[str, float] = defaultdict(float)
     count: Counter[str] = Counter()
-    for key, (cpu, name) in seen.items():
-        cpu -= before.get(key, (0.0, ""))[0]  # only what was used while the command ran
+    for key, (cpu, cmdline, comm) in seen.items():
+        cpu -= before.get(key, (0.0, "", ""))[0]  # only what was used while the command ran
+        name = kind(cmdline, comm)
         if cpu > 0:
             by_kind[name] += cpu
             count[name] += 1
