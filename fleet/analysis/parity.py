@@ -249,15 +249,20 @@ def prefix_expressions() -> dict[str, pl.Expr]:
     }
 
 
+def correct() -> pl.Expr:
+    """Whether a row's `output_text` satisfies its `expected` rule (fleet.contracts.prompts.is_correct)."""
+    from fleet.contracts.prompts import is_correct
+
+    return pl.struct("expected", "output_text").map_elements(
+        lambda r: is_correct(r["expected"], r["output_text"]), return_dtype=pl.Boolean
+    )
+
+
 def answers(requests: Frame, reference: str) -> pl.DataFrame:
     """Per candidate prompt: the reference's and the candidate's output text side by side, whether
     the token ids match, and (where an answer is expected) whether each is correct."""
-    from fleet.contracts.prompts import is_correct
-
     ref, cand = split(requests, reference)
-    judge = pl.struct("expected", "output_text").map_elements(
-        lambda r: is_correct(r["expected"], r["output_text"]), return_dtype=pl.Boolean
-    )
+    judge = correct()
     ref_side = ref.select(*PROMPT, ref_text="output_text", _ref_ids="output_token_ids", ref_correct=judge)
     cand_side = cand.select(*CAND, cand_text="output_text", _cand_ids="output_token_ids", cand_correct=judge)
     return (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import polars as pl
 
 from fleet.analysis import key_order
-from fleet.analysis.parity import CAND, RUN, Frame
+from fleet.analysis.parity import CAND, RUN, Frame, correct
 
 
 def accuracy(requests: Frame, reference: str) -> pl.DataFrame:
@@ -19,20 +19,10 @@ def accuracy(requests: Frame, reference: str) -> pl.DataFrame:
 def judged(requests: Frame) -> pl.DataFrame:
     """Every answer to a prompt with an expected one: CAND and `correct` (the task item, the unit
     `fleet compare` resamples task accuracy by)."""
-    from fleet.contracts.prompts import is_correct
-
     with_rule = requests.lazy().filter(pl.col("expected").is_not_null())
     # Judged once per distinct (rule, output): the judge is Python, and repeats (the same answer
     # from several targets) are common.
-    verdicts = (
-        with_rule.select("expected", "output_text")
-        .unique()
-        .with_columns(
-            correct=pl.struct("expected", "output_text").map_elements(
-                lambda r: is_correct(r["expected"], r["output_text"]), return_dtype=pl.Boolean
-            )
-        )
-    )
+    verdicts = with_rule.select("expected", "output_text").unique().with_columns(correct=correct())
     judged = with_rule.join(verdicts, on=["expected", "output_text"], how="left", nulls_equal=True)
     return key_order.sort_by(judged.select(*CAND, "correct").collect(), CAND)
 
