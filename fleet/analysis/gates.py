@@ -222,14 +222,13 @@ def incomplete(info: RunInfo, requests: pl.DataFrame) -> dict[tuple[str, str], s
     both = requests.select("target", *keys).unique().join(ref, on=keys, how="semi", nulls_equal=True)
     n_both = {(m, t): n for m, t, n in both.group_by("model", "target").len().iter_rows()}
     for model in models:
+        answered = n_ref.get(model, 0)
         for name, spec in targets.items():
             if name == reference or spec.get("parity") is False:
                 continue
-            missing = n_ref.get(model, 0) - n_both.get((model, name), 0)
+            missing = answered - n_both.get((model, name), 0)
             if missing:
-                found.setdefault((model, name), []).append(
-                    f"{missing} of the reference's {n_ref.get(model, 0)} prompts missing"
-                )
+                found.setdefault((model, name), []).append(f"{missing} of the reference's {answered} prompts missing")
     for model, target in list(found):
         if target == reference:
             for name in targets.keys() - {reference}:
