@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import polars as pl
 
-from fleet.analysis import key_order
 from fleet.analysis.parity import CAND, RUN, Frame, correct
 
 
@@ -18,13 +17,14 @@ def accuracy(requests: Frame, reference: str) -> pl.DataFrame:
 
 def judged(requests: Frame) -> pl.DataFrame:
     """Every answer to a prompt with an expected one: CAND and `correct` (the task item, the unit
-    `fleet compare` resamples task accuracy by)."""
+    `fleet compare` resamples task accuracy by), in no particular order (its readers group by
+    target, and the resampling sorts its items: a sort here cost a report 0.15 s at 10M token rows)."""
     with_rule = requests.lazy().filter(pl.col("expected").is_not_null())
     # Judged once per distinct (rule, output): the judge is Python, and repeats (the same answer
     # from several targets) are common.
     verdicts = with_rule.select("expected", "output_text").unique().with_columns(correct=correct())
     judged = with_rule.join(verdicts, on=["expected", "output_text"], how="left", nulls_equal=True)
-    return key_order.sort_by(judged.select(*CAND, "correct").collect(), CAND)
+    return judged.select(*CAND, "correct").collect()
 
 
 def accuracy_of(judged: pl.DataFrame, reference: str) -> pl.DataFrame:
