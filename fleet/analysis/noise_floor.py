@@ -42,32 +42,56 @@ def from_prompt_stats(requests: Frame, stats: pl.LazyFrame, repeats: Mapping[str
     parts = []
     for copy, original in sorted(repeats.items()):
         pair = pl.col("target").is_in([original, copy])
-        reqs = requests.lazy().filter(pair).collect()
+        reqs = requests.lazy().filter(pair).select(*CAND, "output_token_ids").collect()
         if reqs["target"].n_unique() < 2:
             continue  # one side did not run (failed target): nothing to compare
-        seq = sequences(reqs, original)
-        side = stats.filter(pair).select(*CAND, "logprobs").collect().with_row_index("_row")
-        rows = (
-            seq.select(*CAND, "first_divergence")
-            .join(side.filter(pl.col("target") == copy).select(*CAND, _c="_row"), on=CAND, how="left")
-            .join(side.filter(pl.col("target") == original).select(*PROMPT, _o="_row"), on=PROMPT, how="left")
-        )
+        # Pairs of rows, by their numbers: the copy's requests with the original's, and each request
+        # with its prompt_stats row (-1: none stored); no join or sort carries a list.
+        side = stats.filter(pair).select(*CAND, "logprobs").collect()
+        keys = reqs.select(*CAND).with_row_index("_c")
+        stored = keys.join(side.select(*CAND).with_row_index("_s"), on=CAND, how="left", maintain_order="left")
+        at = stored["_s"].cast(pl.Int64).fill_null(-1).to_numpy()
+        is_copy = pl.col("target") == copy
+        rows = keys.filter(is_copy).join(keys.filter(~is_copy).select(*PROMPT, _o="_c"), on=PROMPT)
+        c, o = (rows[k].cast(pl.Int64).to_numpy() for k in ("_c", "_o"))
+        out = aligned.compare_rows(aligned.Lists(reqs["output_token_ids"]), c, o)
         flat = Flat(side["logprobs"])
-        c, o = (rows[k].cast(pl.Int64).fill_null(-1).to_numpy() for k in ("_c", "_o"))
+        c, o = at[c], at[o]
         has = (c >= 0) & (o >= 0)
         c, o = np.where(has, c, 0), np.where(has, o, 0)
-        first = rows["first_divergence"].fill_null(np.iinfo(np.int64).max).to_numpy()
+        first = np.where(out["first_divergence"] < 0, np.iinfo(np.int64).max, out["first_divergence"])
         n = np.where(has, np.minimum(np.minimum(flat.n[c], flat.n[o]), first), 0) if len(c) else c
-        row, position = aligned.common(n)
-        pairs = pl.DataFrame(
-            {
-                "model": rows["model"].gather(row),
-                "_lp": flat.at(c[row], position, inside_lists=True).cast(_F64),
-                "_lp_right": flat.at(o[row], position, inside_lists=True).cast(_F64),
-            }
-        )
-        parts.append(_figures(seq.lazy(), pairs.lazy(), original, copy))
+        models = rows["model"]
+        for model in models.unique(maintain_order=True):
+            mine = (models == model).to_numpy()
+            row, position = aligned.common(n[mine])
+            cand_lp = flat.at(c[mine][row], position, inside_lists=True).cast(_F64)
+            diff = cand_lp - flat.at(o[mine][row], position, inside_lists=True).cast(_F64)
+            parts.append(_row(model, original, copy, out["first_divergence"][mine] < 0, diff.alias("_d")))
     return _concat(parts)
+
+
+def _row(model: str, original: str, copy: str, identical: np.ndarray, diff: pl.Series) -> pl.DataFrame:
+    """One (original, copy) row of a model: its prompts' exact matches and its prefix's differences
+    (none compared: nulls, as the token-row path's left join gives)."""
+    d = pl.col("_d")
+    compared = (
+        {
+            "tokens_compared": pl.len().cast(pl.Int64),
+            "max_abs_logprob_diff": no_nan(d, d.abs().max()),
+            "mean_abs_logprob_diff": no_nan(d, d.abs().mean()),
+        }
+        if diff.len()
+        else {c: pl.lit(None, COLUMNS[c]) for c in ("tokens_compared", "max_abs_logprob_diff", "mean_abs_logprob_diff")}
+    )
+    return pl.DataFrame(diff).select(
+        model=pl.lit(model),
+        target=pl.lit(original),
+        copy=pl.lit(copy),
+        n_prompts=pl.lit(len(identical), pl.Int64),
+        seq_identical_rate=pl.lit(float(identical.mean()), _F64),
+        **compared,
+    )
 
 
 def _figures(seq: pl.LazyFrame, pairs: pl.LazyFrame, original: str, copy: str) -> pl.DataFrame:
