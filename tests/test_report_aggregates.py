@@ -19,7 +19,7 @@ import pytest
 from polars.testing import assert_frame_equal
 from test_compare import DIVERGED, SAME, write_run
 
-from fleet.analysis import aligned, bootstrap, from_stats, linear_quantile, parity, stats_divergences
+from fleet.analysis import aligned, bootstrap, from_stats, key_blocks, linear_quantile, parity, stats_divergences
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.contracts import schema
 from fleet.report import figures
@@ -265,6 +265,6 @@ def test_candidate_blocks_of_no_rows_are_none() -> None:
     from fleet.analysis import from_stats
 
     empty = pl.DataFrame({c: pl.Series([], dtype=pl.String) for c in from_stats.RUN})
-    assert from_stats._runs(empty).height == 0
+    assert key_blocks.runs(empty).height == 0
     two = pl.DataFrame({c: ["a", "a", "b"] for c in from_stats.RUN})
-    assert from_stats._runs(two).select("first", "end").rows() == [(0, 2), (2, 3)]
+    assert key_blocks.runs(two).select("first", "end").rows() == [(0, 2), (2, 3)]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from fleet.analysis import aligned, divergence, from_tails, key_order, linear_quantile, noise_model, parity
+from fleet.analysis import aligned, divergence, from_tails, key_blocks, key_order, linear_quantile, noise_model, parity
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.analysis.parity import CAND, PROMPT, RUN
 from fleet.results.prompt_stats import SPLIT
@@ -95,14 +95,20 @@ class Pairs:
     @classmethod
     def load(cls, requests: pl.DataFrame, stats: pl.LazyFrame, reference: str) -> Pairs:
         is_ref = pl.col("target") == reference
-        # Keys joined alone; the id lists are compared where they lie, by row (a join, sort or
+        # Keys paired and put in key order block by block where the requests allow it (key_blocks),
+        # else joined alone; the id lists are compared where they lie, by row (a join, sort or
         # gather carrying the lists would copy every output token).
-        keys = requests.select(*CAND).with_row_index("_c")
-        keys = key_order.sort_by(
-            keys.filter(~is_ref).join(keys.filter(is_ref).select(*PROMPT, _r="_c"), on=PROMPT), CAND
-        )
+        found = key_blocks.in_key_order(requests.select(CAND), reference)
+        if found is not None:
+            cand_rows, ref_rows = found.rows, found.reference
+            keys = requests.select(CAND)[cand_rows]
+        else:
+            keys = requests.select(*CAND).with_row_index("_c")
+            keys = key_order.sort_by(
+                keys.filter(~is_ref).join(keys.filter(is_ref).select(*PROMPT, _r="_c"), on=PROMPT), CAND
+            )
+            cand_rows, ref_rows = (keys[k].to_numpy().astype(np.int64) for k in ("_c", "_r"))
         ids = aligned.Lists(requests["output_token_ids"])
-        cand_rows, ref_rows = keys["_c"].to_numpy().astype(np.int64), keys["_r"].to_numpy().astype(np.int64)
         seq = parity.sequences_of(keys.select(CAND), aligned.compare_rows(ids, cand_rows, ref_rows))
         d = seq["first_divergence"].fill_null(-1).to_numpy()
         at = np.where(d >= 0, d, np.iinfo(np.int32).max)
@@ -114,24 +120,22 @@ class Pairs:
         aggregated = bool(source.select(pl.col("tf_positions").is_not_null().all()).collect().item())
         columns = [c for c in _CAND_COLUMNS if not (aggregated and c in _POSITION_LISTS)]
         cand = source.select(*CAND, *columns).with_row_index("_file_row").collect()
-        # Runs of one (model, target) under two weight directories would interleave: then sort them together.
-        heads = cand.select(RUN)[_run_starts(cand)]
-        if heads.n_unique() != heads.height:
-            cand = cand.sort(RUN, maintain_order=True)
-        # Each prompt's rank in key order within its candidate: the bootstrap's unit (noise_model.one).
-        order = key_order.sort_by(cand.select(CAND).with_row_index("_c"), CAND)
-        first = _runs(order)["first"].to_numpy().astype(np.int64)
-        rank = np.arange(order.height) - np.repeat(first, np.diff(np.append(first, order.height)))
-        prompt = np.empty(order.height, dtype=np.int64)
-        prompt[order["_c"].to_numpy()] = rank
-        cand = cand.with_columns(prompt=pl.Series(prompt))
         ref = stats.filter(is_ref).select(*PROMPT, "first_token_id", "logprobs").collect()
         keys = seq.select(CAND)
-        # Nearly always one stats row per paired prompt: no join (else prompts without token rows,
-        # or without the reference's).
-        one_to_one = order.select(CAND).equals(keys)
-        cand_rows = order["_c"].cast(pl.Int64).to_numpy() if one_to_one else _rows_of(keys, cand.select(CAND), CAND)
-        ref_rows = _rows_of(keys, ref.select(PROMPT), PROMPT)
+        # Each prompt's rank in key order within its candidate (the bootstrap's unit, noise_model.one),
+        # and the rows of each seq row: nearly always one stats row per paired prompt, no join.
+        ref_keys = ref.select(PROMPT).with_columns(target=pl.lit(reference, pl.String)).select(CAND)
+        stored = key_blocks.in_key_order(pl.concat([cand.select(CAND), ref_keys]), reference)
+        if stored is not None:
+            prompt = np.empty(cand.height, dtype=np.int64)
+            prompt[stored.rows] = stored.rank
+            one_to_one = cand.select(CAND)[stored.rows].equals(keys)
+            cand_rows = stored.rows if one_to_one else _rows_of(keys, cand.select(CAND), CAND)
+            ref_rows = stored.reference - cand.height if one_to_one else _rows_of(keys, ref.select(PROMPT), PROMPT)
+            cand = cand.with_columns(prompt=pl.Series(prompt))
+        else:
+            cand, one_to_one, cand_rows = _ranked(cand, keys)
+            ref_rows = _rows_of(keys, ref.select(PROMPT), PROMPT)
         return cls(
             seq,
             at_d,
@@ -153,35 +157,31 @@ class Pairs:
 
     def candidates(self) -> Iterator[tuple[str, str, int, int, int, int]]:
         """(model, target, first cand row, end, first seq row, end) of each candidate's blocks."""
-        both = _runs(self.cand).join(_runs(self.seq), on=RUN, how="left", suffix="_seq")
+        both = key_blocks.runs(self.cand).join(key_blocks.runs(self.seq), on=RUN, how="left", suffix="_seq")
         yield from both.with_columns(pl.col("first_seq", "end_seq").fill_null(0)).iter_rows()
+
+
+def _ranked(cand: pl.DataFrame, keys: pl.DataFrame) -> tuple[pl.DataFrame, bool, np.ndarray]:
+    """cand with each prompt's rank in key order within its candidate (`prompt`), whether its rows
+    pair one to one with `keys` (seq's), and each seq row's cand row: sorted on the string keys."""
+    # Runs of one (model, target) under two weight directories would interleave: then sort them together.
+    heads = cand.select(RUN)[key_blocks.run_starts(cand)]
+    if heads.n_unique() != heads.height:
+        cand = cand.sort(RUN, maintain_order=True)
+    order = key_order.sort_by(cand.select(CAND).with_row_index("_c"), CAND)
+    first = key_blocks.runs(order)["first"].to_numpy().astype(np.int64)
+    rank = np.arange(order.height) - np.repeat(first, np.diff(np.append(first, order.height)))
+    prompt = np.empty(order.height, dtype=np.int64)
+    prompt[order["_c"].to_numpy()] = rank
+    one_to_one = order.select(CAND).equals(keys)
+    rows = order["_c"].cast(pl.Int64).to_numpy() if one_to_one else _rows_of(keys, cand.select(CAND), CAND)
+    return cand.with_columns(prompt=pl.Series(prompt)), one_to_one, rows
 
 
 def _rows_of(keys: pl.DataFrame, rows: pl.DataFrame, on: list[str]) -> np.ndarray:
     """Per row of `keys`, the row of `rows` with the same `on` columns (-1: none)."""
     found = keys.join(rows.with_row_index("_row"), on=on, how="left", maintain_order="left")
     return found["_row"].cast(pl.Int64).fill_null(-1).to_numpy()
-
-
-def _runs(frame: pl.DataFrame) -> pl.DataFrame:
-    """RUN, first and end row of each run of equal (model, target) in `frame`, where each candidate's
-    rows lie together: found where the keys change, not by grouping every row on its strings."""
-    first = _run_starts(frame)
-    # No rows (a target with parity off, judged before any candidate row): no run, not one ending at 0.
-    end = np.append(first[1:], frame.height).astype(np.int64) if frame.height else first
-    return frame.select(RUN)[first].with_columns(
-        first=pl.Series(first, dtype=pl.UInt32), end=pl.Series(end, dtype=pl.UInt32)
-    )
-
-
-def _run_starts(frame: pl.DataFrame) -> np.ndarray:
-    """The rows where (model, target) differs from the row before (row 0 included), nulls equal to
-    nulls: each neighbour compared, no hashing of every row's strings."""
-    changed = pl.any_horizontal(pl.col(c).ne_missing(pl.col(c).shift()) for c in RUN)
-    starts = frame.select(changed.fill_null(True)).to_series().to_numpy()
-    if len(starts):
-        starts[0] = True
-    return np.flatnonzero(starts)
 
 
 def first_step(pairs: Pairs) -> pl.DataFrame:

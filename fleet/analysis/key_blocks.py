@@ -1,0 +1,80 @@
+"""Rows of a stored table in blocks, one per (model, target), each target of a model holding its
+prompts in the reference's order: how fleet writes them (every target of a model runs the same
+shard plan, and the reader lists each target's files in the same order).
+
+Pairing a candidate's prompts with the reference's and putting them in key order then needs no
+join or sort of every row's string keys: each block is compared with its reference block row for
+row, and only the reference block is sorted. A table that is not in such blocks (a failed shard,
+a resumed run with files of another plan, runs of one target interleaved) gets `None`, and the
+caller joins and sorts as before. `runs` finds the blocks where the keys change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from fleet.analysis import key_order
+from fleet.analysis.parity import PROMPT, RUN
+
+
+@dataclass(frozen=True)
+class InKeyOrder:
+    """A table's candidate rows in key order (CAND), each with its reference row."""
+
+    rows: np.ndarray  # the candidates' rows, in key order
+    reference: np.ndarray  # per entry of `rows`, the reference's row of the same prompt
+    rank: np.ndarray  # per entry of `rows`, its rank within its candidate (0, 1, ...)
+
+
+def in_key_order(keys: pl.DataFrame, reference: str) -> InKeyOrder | None:
+    """`keys` (CAND of a table's rows) in key order, found block by block; None where the rows are
+    not in blocks of the same prompts in the same order (the caller then joins and sorts)."""
+    blocks = runs(keys)
+    if blocks.select(RUN).n_unique() != blocks.height:
+        return None  # a target's rows in more than one place
+    prompts = keys.select(PROMPT[1:])  # within a model's blocks
+    order: dict[str, np.ndarray] = {}  # per model, its reference block's rows in key order
+    ref_first: dict[str, int] = {}
+    for model, _target, first, end in blocks.filter(pl.col("target") == reference).iter_rows():
+        order[model] = key_order.arg_sort_by(prompts[first:end], PROMPT[1:]).to_numpy().astype(np.int64)
+        ref_first[model] = first
+        in_order = prompts[first:end][order[model]]
+        if in_order.select(pl.all_horizontal(pl.all().eq_missing(pl.all().shift()))).to_series().any():
+            return None  # a prompt twice: the join pairs each copy with each, not row by row
+    rows, refs, ranks = [], [], []
+    for model, _target, first, end in blocks.filter(pl.col("target") != reference).sort(RUN).iter_rows():
+        if model not in order:
+            return None  # no reference rows for this model: nothing pairs (the join's answer)
+        n, ref = end - first, ref_first[model]
+        if n != len(order[model]) or not prompts[first:end].equals(prompts[ref : ref + n]):
+            return None
+        rows.append(first + order[model])
+        refs.append(ref + order[model])
+        ranks.append(np.arange(n, dtype=np.int64))
+    if not rows:
+        return None
+    return InKeyOrder(np.concatenate(rows), np.concatenate(refs), np.concatenate(ranks))
+
+
+def runs(frame: pl.DataFrame) -> pl.DataFrame:
+    """RUN, first and end row of each run of equal (model, target) in `frame`, where each candidate's
+    rows lie together: found where the keys change, not by grouping every row on its strings."""
+    first = run_starts(frame)
+    # No rows (a target with parity off, judged before any candidate row): no run, not one ending at 0.
+    end = np.append(first[1:], frame.height).astype(np.int64) if frame.height else first
+    return frame.select(RUN)[first].with_columns(
+        first=pl.Series(first, dtype=pl.UInt32), end=pl.Series(end, dtype=pl.UInt32)
+    )
+
+
+def run_starts(frame: pl.DataFrame) -> np.ndarray:
+    """The rows where (model, target) differs from the row before (row 0 included), nulls equal to
+    nulls: each neighbour compared, no hashing of every row's strings."""
+    changed = pl.any_horizontal(pl.col(c).ne_missing(pl.col(c).shift()) for c in RUN)
+    starts = frame.select(changed.fill_null(True)).to_series().to_numpy()
+    if len(starts):
+        starts[0] = True
+    return np.flatnonzero(starts)

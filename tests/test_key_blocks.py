@@ -1,0 +1,82 @@
+"""Candidate rows put in key order block by block (fleet/analysis/key_blocks.py) are those the join
+on the prompt and the sort on the keys give, or the caller is told to join and sort."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+from test_compare import DIVERGED, SAME, write_run
+from test_report_aggregates import add_prompt_stats, assert_same_figures
+
+from fleet.analysis import key_blocks, key_order
+from fleet.analysis.parity import CAND, PROMPT
+from fleet.results import reader
+
+REF = "ref"
+
+
+def by_join_and_sort(keys: pl.DataFrame) -> tuple[list[int], list[int]]:
+    """The definition: each candidate row with the reference row of its prompt, sorted on CAND."""
+    rows = keys.with_row_index("_c")
+    is_ref = pl.col("target") == REF
+    paired = rows.filter(~is_ref).join(rows.filter(is_ref).select(*PROMPT, _r="_c"), on=PROMPT)
+    paired = key_order.sort_by(paired, CAND)
+    return paired["_c"].cast(pl.Int64).to_list(), paired["_r"].cast(pl.Int64).to_list()
+
+
+def a_table(rng: np.random.Generator) -> pl.DataFrame:
+    """Keys of a stored table: models' targets in blocks of the same prompts in the same (random)
+    order, or one of the ways a real table breaks that."""
+    how = rng.integers(0, 6)
+    parts = []
+    for model in rng.permutation(["m1", "m2"])[: rng.integers(1, 3)]:
+        n = int(rng.integers(2, 6))
+        sets, ids = rng.choice(["a", "b"], n), rng.permutation([f"p{i}" for i in range(n)])
+        if how == 1:  # a prompt twice in every target
+            sets[-1], ids[-1] = sets[0], ids[0]
+        for target in rng.permutation([REF, "c1", "c2", "c0"])[: rng.integers(2, 5)]:
+            block = pl.DataFrame({"model": model, "target": target, "prompt_set": sets, "prompt_id": ids})
+            if how == 2 and target != REF:  # a candidate's prompts in another order (another shard plan)
+                block = block.sample(fraction=1.0, shuffle=True, seed=int(rng.integers(1 << 30)))
+            parts.append(block)
+    keys = pl.concat(parts)
+    if how == 3:  # a row missing (a failed shard)
+        keys = keys.filter(pl.arange(0, keys.height) != int(rng.integers(keys.height)))
+    elif how == 4:  # a target's rows in two places (two weight directories): a whole block again
+        keys = pl.concat([keys, parts[int(rng.integers(len(parts)))]])
+    return keys
+
+
+def test_blocks_give_the_join_and_sort_or_none() -> None:
+    rng = np.random.default_rng(7)
+    outcomes = {True: 0, False: 0}
+    for _ in range(400):
+        keys = a_table(rng)
+        found = key_blocks.in_key_order(keys, REF)
+        outcomes[found is not None] += 1
+        if found is None:
+            continue
+        rows, refs = by_join_and_sort(keys)
+        assert (found.rows.tolist(), found.reference.tolist()) == (rows, refs), keys
+        # The rank of each row within its candidate, in key order.
+        ordered = keys[found.rows].with_columns(rank=pl.Series(found.rank))
+        expect = ordered.with_columns(pl.int_range(pl.len()).over("model", "target").alias("rank"))
+        assert ordered.equals(expect)
+    assert min(outcomes.values()) > 50, outcomes  # both ways taken
+
+
+def test_a_candidates_prompt_stats_in_another_order_give_the_same_figures(tmp_path: Path) -> None:
+    """prompt_stats rows not in the reference's order (here a candidate's file reversed): the
+    report sorts them on their keys and its figures are still those of the token rows."""
+    run = write_run(tmp_path / "reversed", {"cand": DIVERGED, "cand2": SAME})
+    add_prompt_stats(run)
+    file = next(f for f in (run / "prompt_stats").glob("**/*.parquet") if "target=cand2" in str(f))
+    table = pq.read_table(file)
+    pq.write_table(table.take(list(range(table.num_rows))[::-1]).replace_schema_metadata(table.schema.metadata), file)
+    stats = reader.load(run)["prompt_stats"].select(CAND).collect()
+    assert key_blocks.in_key_order(stats, REF) is None
+    assert key_blocks.in_key_order(reader.load(run)["requests"].select(CAND).collect(), REF) is not None
+    assert_same_figures(run)
