@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from test_compare import DIVERGED, SAME, write_run
 from test_report_aggregates import add_prompt_stats, assert_same_figures
 
-from fleet.analysis import key_blocks, key_order
+from fleet.analysis import gates, key_blocks, key_order
 from fleet.analysis.parity import CAND, PROMPT
 from fleet.results import reader
 
@@ -80,3 +80,16 @@ def test_a_candidates_prompt_stats_in_another_order_give_the_same_figures(tmp_pa
     assert key_blocks.in_key_order(stats, REF) is None
     assert key_blocks.in_key_order(reader.load(run)["requests"].select(CAND).collect(), REF) is not None
     assert_same_figures(run)
+
+
+def test_coverage_counts_are_those_of_sets_of_prompts() -> None:
+    """The gates' coverage check counts the same from blocks as from sets of prompts."""
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        keys = a_table(rng)
+        prompts: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        for model, target, prompt_set, prompt_id in keys.iter_rows():
+            prompts.setdefault((model, target), set()).add((prompt_set, prompt_id))
+        n_ref = {m: len(p) for (m, t), p in prompts.items() if t == REF}
+        n_both = {(m, t): len(p & prompts[m, REF]) for (m, t), p in prompts.items() if m in n_ref}
+        assert gates._answered(keys, REF) == (n_ref, {k: n for k, n in n_both.items() if n}), keys

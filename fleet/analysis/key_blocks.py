@@ -2,11 +2,12 @@
 prompts in the reference's order: how fleet writes them (every target of a model runs the same
 shard plan, and the reader lists each target's files in the same order).
 
-Pairing a candidate's prompts with the reference's and putting them in key order then needs no
-join or sort of every row's string keys: each block is compared with its reference block row for
-row, and only the reference block is sorted. A table that is not in such blocks (a failed shard,
-a resumed run with files of another plan, runs of one target interleaved) gets `None`, and the
-caller joins and sorts as before. `runs` finds the blocks where the keys change.
+Pairing a candidate's prompts with the reference's, putting them in key order, or counting the
+reference's prompts a target answered then needs no join, sort or hash of every row's string keys:
+each block is compared with its model's first block row for row, and only that block is sorted.
+A table that is not in such blocks (a failed shard, a resumed run with files of another plan,
+runs of one target interleaved, a prompt twice) gets `None`, and the caller joins and sorts as
+before. `runs` finds the blocks where the keys change.
 """
 
 from __future__ import annotations
@@ -21,6 +22,37 @@ from fleet.analysis.parity import PROMPT, RUN
 
 
 @dataclass(frozen=True)
+class Blocks:
+    """A table's rows in blocks, one per (model, target), every block of a model holding the same
+    prompts in the same order, none twice."""
+
+    runs: pl.DataFrame  # RUN, first, end of each block, in table order
+    order: dict[str, np.ndarray]  # per model, the offsets within each of its blocks in key order
+
+
+def blocks(keys: pl.DataFrame) -> Blocks | None:
+    """`keys` (CAND of a table's rows) as Blocks, or None where they are not in such blocks."""
+    found = runs(keys)
+    if found.select(RUN).n_unique() != found.height:
+        return None  # a target's rows in more than one place
+    prompts = keys.select(PROMPT[1:])  # within a model's blocks
+    order: dict[str, np.ndarray] = {}
+    first_block: dict[str, pl.DataFrame] = {}
+    for model, _target, first, end in found.iter_rows():
+        block = prompts[first:end]
+        if model in first_block:
+            if not block.equals(first_block[model]):
+                return None
+            continue
+        first_block[model] = block
+        order[model] = key_order.arg_sort_by(block, PROMPT[1:]).to_numpy().astype(np.int64)
+        in_order = block[order[model]]
+        if in_order.select(pl.all_horizontal(pl.all().eq_missing(pl.all().shift()))).to_series().any():
+            return None  # a prompt twice: a join pairs each copy with each, not row by row
+    return Blocks(found, order)
+
+
+@dataclass(frozen=True)
 class InKeyOrder:
     """A table's candidate rows in key order (CAND), each with its reference row."""
 
@@ -31,29 +63,18 @@ class InKeyOrder:
 
 def in_key_order(keys: pl.DataFrame, reference: str) -> InKeyOrder | None:
     """`keys` (CAND of a table's rows) in key order, found block by block; None where the rows are
-    not in blocks of the same prompts in the same order (the caller then joins and sorts)."""
-    blocks = runs(keys)
-    if blocks.select(RUN).n_unique() != blocks.height:
-        return None  # a target's rows in more than one place
-    prompts = keys.select(PROMPT[1:])  # within a model's blocks
-    order: dict[str, np.ndarray] = {}  # per model, its reference block's rows in key order
-    ref_first: dict[str, int] = {}
-    for model, _target, first, end in blocks.filter(pl.col("target") == reference).iter_rows():
-        order[model] = key_order.arg_sort_by(prompts[first:end], PROMPT[1:]).to_numpy().astype(np.int64)
-        ref_first[model] = first
-        in_order = prompts[first:end][order[model]]
-        if in_order.select(pl.all_horizontal(pl.all().eq_missing(pl.all().shift()))).to_series().any():
-            return None  # a prompt twice: the join pairs each copy with each, not row by row
+    not in Blocks, or a model's candidates have no reference rows (the caller then joins and sorts)."""
+    found = blocks(keys)
+    if found is None:
+        return None
+    ref_first = {model: first for model, _, first, _ in found.runs.filter(pl.col("target") == reference).iter_rows()}
     rows, refs, ranks = [], [], []
-    for model, _target, first, end in blocks.filter(pl.col("target") != reference).sort(RUN).iter_rows():
-        if model not in order:
-            return None  # no reference rows for this model: nothing pairs (the join's answer)
-        n, ref = end - first, ref_first[model]
-        if n != len(order[model]) or not prompts[first:end].equals(prompts[ref : ref + n]):
+    for model, _target, first, end in found.runs.filter(pl.col("target") != reference).sort(RUN).iter_rows():
+        if model not in ref_first:
             return None
-        rows.append(first + order[model])
-        refs.append(ref + order[model])
-        ranks.append(np.arange(n, dtype=np.int64))
+        rows.append(first + found.order[model])
+        refs.append(ref_first[model] + found.order[model])
+        ranks.append(np.arange(end - first, dtype=np.int64))
     if not rows:
         return None
     return InKeyOrder(np.concatenate(rows), np.concatenate(refs), np.concatenate(ranks))
