@@ -128,3 +128,19 @@ def test_the_writer_keeps_freed_memory_for_the_next_shard() -> None:
         prompt_rows.summarize(tokens)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     assert min(faults) < 300, faults
+
+
+def test_footers_read_by_polars_are_pyarrows(tmp_path: Path) -> None:
+    """The reader takes a local file's footer from Polars' metadata reader and the Arrow schema
+    stored there; a file without one (another writer) is read by pyarrow, and the two agree."""
+    from fleet.results import reader
+
+    run = RunStore.create(tmp_path / "r", {"run_id": "r"})
+    run.write("requests", "m/t/s/00000", _requests(3))
+    [file] = (tmp_path / "r" / "requests").glob("**/*.parquet")
+    meta = pq.read_metadata(file)
+    footer, found = reader._local_footer(str(file)) or ({}, None)
+    assert footer == meta.metadata and found == meta.schema.to_arrow_schema()
+    pq.write_table(pq.read_table(file), file, store_schema=False)  # no ARROW:schema
+    assert reader._local_footer(str(file)) is None
+    assert reader.load(tmp_path / "r")["requests"].collect().height == 3

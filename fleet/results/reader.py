@@ -7,6 +7,7 @@ files of another schema version.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import json
@@ -75,16 +76,14 @@ def load(run_dir: str | Path) -> dict[str, pl.LazyFrame]:
         files = store.parquet_files(fs, f"{root}/{name}")
         # Refuse files written under another schema version rather than misread a column.
         versions = set()
-        with ThreadPoolExecutor(8) as pool:  # one footer each: a round trip per file on S3
-            footers = pool.map(functools.partial(_footer, fs, declared=arrow_schema), files)
-            for file, footer in zip(files, footers, strict=True):
-                version = footer.get(b"fleet.schema_version", b"").decode(errors="replace") or None
-                versions.add(version)
-                if version is not None and version not in schema.READABLE_VERSIONS:
-                    where = file if isinstance(fs, pafs.LocalFileSystem) else f"{fs.type_name}://{file}"
-                    msg = f"{where}: schema version {version}, this reader understands "
-                    msg += ", ".join(schema.READABLE_VERSIONS)
-                    raise UserError(msg)
+        for file, footer in zip(files, _footers(fs, files, arrow_schema), strict=True):
+            version = footer.get(b"fleet.schema_version", b"").decode(errors="replace") or None
+            versions.add(version)
+            if version is not None and version not in schema.READABLE_VERSIONS:
+                where = file if isinstance(fs, pafs.LocalFileSystem) else f"{fs.type_name}://{file}"
+                msg = f"{where}: schema version {version}, this reader understands "
+                msg += ", ".join(schema.READABLE_VERSIONS)
+                raise UserError(msg)
         frame = scan(fs, files, arrow_schema) if files else empty(arrow_schema)
         if "2" in versions:  # schema 2 had no run_id: one run per directory, named in run.json
             frame = frame.with_columns(pl.col("run_id").fill_null(pl.lit(_run_id(run_dir), pl.String)))
@@ -129,21 +128,50 @@ def narrowed(run_dir: str | Path, table: str, *, index: str, where: pl.Expr) -> 
     return scan(fs, tables, stored_tables.all_tables()[table]) if tables else empty(stored_tables.all_tables()[table])
 
 
+def _footers(fs: pafs.FileSystem, files: list[str], declared: pa.Schema) -> Iterator[dict[bytes, bytes]]:
+    """Each file's footer (`_footer`). Remote: a round trip per file, in threads. Local: one after
+    another (threads on these small reads measured slower than none: 0.16 s against 0.1 for the
+    596 files of a 10M-row run)."""
+    read = functools.partial(_footer, fs, declared=declared)
+    if isinstance(fs, pafs.LocalFileSystem):
+        yield from map(read, files)
+        return
+    with ThreadPoolExecutor(8) as pool:
+        yield from pool.map(read, files)
+
+
 def _footer(fs: pafs.FileSystem, file: str, declared: pa.Schema) -> dict[bytes, bytes]:
     """A file's key-value metadata, once its footer parses and its columns are the declared ones."""
     where = file if isinstance(fs, pafs.LocalFileSystem) else f"{fs.type_name}://{file}"
-    try:
-        meta = pq.read_metadata(file, filesystem=fs)
-        found = meta.schema.to_arrow_schema()
-    except (pa.ArrowException, OSError) as e:
-        msg = f"{cut(where, 200)}: not a readable Parquet file (truncated or damaged?): {cut(str(e), 120)}"
-        raise UserError(msg) from None
-    footer = meta.metadata or {}
+    local = _local_footer(file) if isinstance(fs, pafs.LocalFileSystem) else None
+    if local is not None:
+        footer, found = local
+    else:
+        try:
+            meta = pq.read_metadata(file, filesystem=fs)
+            found = meta.schema.to_arrow_schema()
+        except (pa.ArrowException, OSError) as e:
+            msg = f"{cut(where, 200)}: not a readable Parquet file (truncated or damaged?): {cut(str(e), 120)}"
+            raise UserError(msg) from None
+        footer = meta.metadata or {}
     same_version = footer.get(b"fleet.schema_version", b"") == str(schema.SCHEMA_VERSION).encode()
     if same_version and [(f.name, f.type) for f in found] != [(f.name, f.type) for f in declared]:
         msg = f"{cut(where, 200)}: its columns are not the {declared.metadata[b'fleet.table'].decode()} table's"
         raise UserError(msg)
     return footer
+
+
+def _local_footer(file: str) -> tuple[dict[bytes, bytes], pa.Schema] | None:
+    """A local file's key-value metadata and the Arrow schema its writer stored there, by Polars'
+    footer reader (a third of pyarrow's time: 596 footers of a 10M-row run in 0.04 s, not 0.1);
+    None where that fails or the file holds no Arrow schema (then pyarrow reads it, and names
+    what is wrong)."""
+    try:
+        footer = pl.read_parquet_metadata(file)
+        found = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(footer["ARROW:schema"])))
+    except (KeyError, ValueError, OSError, pa.ArrowException, pl.exceptions.PolarsError, _PANIC):
+        return None
+    return {k.encode(): v.encode() for k, v in footer.items()}, found
 
 
 def _run_id(run_dir: str | Path) -> str:
