@@ -65,3 +65,36 @@ def test_self_parity_without_the_copys_rows_is_empty() -> None:
     requests = _frame(schema.REQUESTS, [_req("vllm", "a", [1])])
     tokens = _frame(schema.TOKENS, [_tok("vllm", "a", 0, 1, -0.5)])
     assert noise_floor.self_parity(requests, tokens, {"vllm.repeat-2": "vllm"}).is_empty()
+
+
+def test_self_parity_from_the_reports_pairs() -> None:
+    """The report hands the noise floor its paired candidates (Pairs): two candidates' rows are then
+    compared row for row, with the same figures as from the token rows, and where the requests are
+    not in blocks it compares them as it would alone."""
+    from fleet.analysis import from_stats
+
+    copy = "vllm.repeat-2"
+    outputs = {"a": ([1, 2, 3], [-0.5, -0.25, -1.0]), "b": ([4, 5], [-0.125, -2.0])}
+    copies = {"a": ([1, 2, 3], [-0.5, -0.5, -1.0]), "b": ([4, 6], [-0.125, -3.0])}
+    sides = {"ref": outputs, "vllm": outputs, copy: copies}
+    requests = _frame(schema.REQUESTS, [_req(t, p, ids) for t, side in sides.items() for p, (ids, _) in side.items()])
+    tokens = _frame(
+        schema.TOKENS,
+        [
+            _tok(t, p, i, token, lp)
+            for t, side in sides.items()
+            for p, (ids, lps) in side.items()
+            for i, (token, lp) in enumerate(zip(ids, lps, strict=True))
+        ],
+    )
+    stats = pl.from_arrow(prompt_rows.summarize(tokens.to_arrow()))
+    assert isinstance(stats, pl.DataFrame)
+    expected = noise_floor.self_parity(requests, tokens, {copy: "vllm"})
+    assert expected["tokens_compared"].to_list() == [4]
+    for rows in (requests, requests.filter((pl.col("target") != copy) | (pl.col("prompt_id") != "b"))):
+        pairs = from_stats.Pairs.load(rows, stats.lazy(), "ref")
+        assert (pairs.request_row is not None) == (rows.height == requests.height)  # in blocks, or not
+        found = noise_floor.from_prompt_stats(rows, stats.lazy(), {copy: "vllm"}, pairs=pairs)
+        assert found.equals(noise_floor.from_prompt_stats(rows, stats.lazy(), {copy: "vllm"}))
+        if rows.height == requests.height:
+            assert found.equals(expected)

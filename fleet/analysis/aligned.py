@@ -95,3 +95,36 @@ def _compare(lists: Lists, cand_rows: np.ndarray, ref_rows: np.ndarray) -> dict[
     # The first differing position of a pair: where the running count first passes its value at the start.
     first[some] = np.searchsorted(count, count[before[some]] + 1) - 1 - before[some]
     return {"n_cand": n_cand, "n_ref": n_ref, "tokens_matched": matched, "first_divergence": first}
+
+
+class Flat:
+    """A list column as one flat Series of its elements (nulls kept) and each row's start and length."""
+
+    def __init__(self, lists: pl.Series) -> None:
+        self.n = lengths(lists)
+        self.start = np.concatenate([[0], np.cumsum(self.n)[:-1]]).astype(np.int64) if len(self.n) else self.n
+        self.values = elements(lists)
+
+    def at(self, rows: np.ndarray, positions: np.ndarray, *, inside_lists: bool = False) -> pl.Series:
+        """Values at (row, position) pairs; null where the position is past the row's list
+        (`inside_lists`: the caller knows none is, and no mask is built)."""
+        if inside_lists:
+            return self.values.gather(self.start[rows] + positions)
+        inside = positions < self.n[rows]
+        if not inside.any():  # then there may be no values to point the others at
+            return pl.Series(self.values.name, dtype=self.values.dtype).extend_constant(None, len(rows))
+        found = self.values.gather(np.where(inside, self.start[rows] + np.minimum(positions, self.n[rows] - 1), 0))
+        return pl.select(pl.when(pl.Series(inside)).then(found)).to_series().alias(self.values.name)
+
+    def numbers(self, first: int, last: int) -> np.ndarray:
+        """`rows` as numbers (float32 as stored, not copied where there is no null), NaN for nulls."""
+        return self.rows(first, last).to_numpy()
+
+    def nulls(self, first: int, last: int) -> np.ndarray:
+        return self.rows(first, last).is_null().to_numpy()
+
+    def rows(self, first: int, last: int) -> pl.Series:
+        """Every value of rows first..last-1, in order."""
+        lo = int(self.start[first]) if last > first else 0
+        hi = int(self.start[last - 1] + self.n[last - 1]) if last > first else 0
+        return self.values.slice(lo, hi - lo)

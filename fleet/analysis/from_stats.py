@@ -41,39 +41,6 @@ def usable(stats: pl.LazyFrame) -> bool:
     return bool(stats.select(pl.col("contiguous").fill_null(False).all()).collect().item())
 
 
-class Flat:
-    """A list column as one flat Series of its elements (nulls kept) and each row's start and length."""
-
-    def __init__(self, lists: pl.Series) -> None:
-        self.n = aligned.lengths(lists)
-        self.start = np.concatenate([[0], np.cumsum(self.n)[:-1]]).astype(np.int64) if len(self.n) else self.n
-        self.values = aligned.elements(lists)
-
-    def at(self, rows: np.ndarray, positions: np.ndarray, *, inside_lists: bool = False) -> pl.Series:
-        """Values at (row, position) pairs; null where the position is past the row's list
-        (`inside_lists`: the caller knows none is, and no mask is built)."""
-        if inside_lists:
-            return self.values.gather(self.start[rows] + positions)
-        inside = positions < self.n[rows]
-        if not inside.any():  # then there may be no values to point the others at
-            return pl.Series(self.values.name, dtype=self.values.dtype).extend_constant(None, len(rows))
-        found = self.values.gather(np.where(inside, self.start[rows] + np.minimum(positions, self.n[rows] - 1), 0))
-        return pl.select(pl.when(pl.Series(inside)).then(found)).to_series().alias(self.values.name)
-
-    def numbers(self, first: int, last: int) -> np.ndarray:
-        """`rows` as numbers (float32 as stored, not copied where there is no null), NaN for nulls."""
-        return self.rows(first, last).to_numpy()
-
-    def nulls(self, first: int, last: int) -> np.ndarray:
-        return self.rows(first, last).is_null().to_numpy()
-
-    def rows(self, first: int, last: int) -> pl.Series:
-        """Every value of rows first..last-1, in order."""
-        lo = int(self.start[first]) if last > first else 0
-        hi = int(self.start[last - 1] + self.n[last - 1]) if last > first else 0
-        return self.values.slice(lo, hi - lo)
-
-
 @dataclass(frozen=True)
 class Pairs:
     """Candidate prompts paired with the reference's: `sequences` (sorted by CAND), the tokens at
@@ -91,6 +58,10 @@ class Pairs:
     # Every cand row has the shards' aggregates (then _POSITION_LISTS are read only if asked, from `source`).
     aggregated: bool = False
     source: pl.LazyFrame | None = None  # the candidates' prompt_stats rows, scanned
+    # Per seq row, its request row, where each candidate's requests hold the reference's prompts
+    # in the same order (key_blocks); None where they may not (then a pair of candidates may share
+    # prompts the seq rows lack).
+    request_row: np.ndarray | None = None
 
     @classmethod
     def load(cls, requests: pl.DataFrame, stats: pl.LazyFrame, reference: str) -> Pairs:
@@ -99,6 +70,7 @@ class Pairs:
         # else joined alone; the id lists are compared where they lie, by row (a join, sort or
         # gather carrying the lists would copy every output token).
         found = key_blocks.in_key_order(requests.select(CAND), reference)
+        request_row = found.rows if found is not None else None
         if found is not None:
             cand_rows, ref_rows = found.rows, found.reference
             keys = requests.select(CAND)[cand_rows]
@@ -147,6 +119,7 @@ class Pairs:
             one_to_one=one_to_one,
             aggregated=aggregated,
             source=source,
+            request_row=request_row,
         )
 
     def lists(self, name: str) -> pl.Series:
@@ -218,7 +191,7 @@ def _gathered(frame: pl.DataFrame, rows: np.ndarray) -> pl.DataFrame:
 def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(parity.parity, noise_model.summary, divergence.noise) from one pass over each candidate's lists."""
     prompt = pairs.cand["prompt"].to_numpy()
-    flat: dict[str, Flat] = {}  # every position's values, made for the first candidate that needs them
+    flat: dict[str, aligned.Flat] = {}  # every position's values, made for the first candidate that needs them
 
     def candidate(model: str, target: str, first_row: int, end: int, first_seq: int, end_seq: int) -> tuple[Row, Row]:
         prefix = _prefix(pairs, first_seq, end_seq).select(**parity.prefix_expressions())
@@ -227,7 +200,7 @@ def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.Data
         if merged is not None:  # from the shards' aggregates
             return key | merged[0] | prefix.row(0, named=True), key | merged[1]
         if not flat:
-            flat.update((c, Flat(pairs.lists(c))) for c in ("logprobs", "ref_logprobs", "twin_logprobs"))
+            flat.update((c, aligned.Flat(pairs.lists(c))) for c in ("logprobs", "ref_logprobs", "twin_logprobs"))
         lp, ref_lp, twin_lp = flat["logprobs"], flat["ref_logprobs"], flat["twin_logprobs"]
         # numpy, not frames: these are the largest arrays of the report, and numpy hands them back
         # to the system when freed (Polars' allocator keeps what it had).

@@ -12,13 +12,17 @@ CPU or card may choose other kernels, which is why verdicts use the near-tie rul
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
-from fleet.analysis import aligned
+from fleet.analysis import aligned, key_blocks
 from fleet.analysis.missing import no_nan
 from fleet.analysis.parity import CAND, PROMPT, Frame, sequences
+
+if TYPE_CHECKING:
+    from fleet.analysis.from_stats import Pairs
 
 _F64 = pl.Float64
 COLUMNS = {
@@ -33,14 +37,19 @@ COLUMNS = {
 }
 
 
-def from_prompt_stats(requests: Frame, stats: pl.LazyFrame, repeats: Mapping[str, str]) -> pl.DataFrame:
+def from_prompt_stats(
+    requests: Frame, stats: pl.LazyFrame, repeats: Mapping[str, str], *, pairs: Pairs | None = None
+) -> pl.DataFrame:
     """`self_parity` from prompt_stats (fleet/results/prompt_stats.py): each prompt's logprobs list
     of the copy beside the original's, compared over the common prefix in numpy, so no token row
-    is read or joined. The same figures; only the order of floating-point additions differs."""
-    from fleet.analysis.from_stats import Flat  # from_stats imports the noise model, which is heavier
-
+    is read or joined. The same figures; only the order of floating-point additions differs.
+    `pairs`: the report's candidates, whose rows two candidates are compared by where it can."""
     parts = []
     for copy, original in sorted(repeats.items()):
+        paired = _from_pairs(pairs, requests, copy, original) if pairs is not None else None
+        if paired is not None:
+            parts += paired
+            continue
         pair = pl.col("target").is_in([original, copy])
         reqs = requests.lazy().filter(pair).select(*CAND, "output_token_ids").collect()
         if reqs["target"].n_unique() < 2:
@@ -55,20 +64,53 @@ def from_prompt_stats(requests: Frame, stats: pl.LazyFrame, repeats: Mapping[str
         rows = keys.filter(is_copy).join(keys.filter(~is_copy).select(*PROMPT, _o="_c"), on=PROMPT)
         c, o = (rows[k].cast(pl.Int64).to_numpy() for k in ("_c", "_o"))
         out = aligned.compare_rows(aligned.Lists(reqs["output_token_ids"]), c, o)
-        flat = Flat(side["logprobs"])
-        c, o = at[c], at[o]
-        has = (c >= 0) & (o >= 0)
-        c, o = np.where(has, c, 0), np.where(has, o, 0)
-        first = np.where(out["first_divergence"] < 0, np.iinfo(np.int64).max, out["first_divergence"])
-        n = np.where(has, np.minimum(np.minimum(flat.n[c], flat.n[o]), first), 0) if len(c) else c
+        flat = aligned.Flat(side["logprobs"])
         models = rows["model"]
         for model in models.unique(maintain_order=True):
             mine = (models == model).to_numpy()
-            row, position = aligned.common(n[mine])
-            cand_lp = flat.at(c[mine][row], position, inside_lists=True).cast(_F64)
-            diff = cand_lp - flat.at(o[mine][row], position, inside_lists=True).cast(_F64)
-            parts.append(_row(model, original, copy, out["first_divergence"][mine] < 0, diff.alias("_d")))
+            mine_out = {k: v[mine] for k, v in out.items()}
+            parts.append(_compared(model, original, copy, mine_out, flat, at[c[mine]], at[o[mine]]))
     return _concat(parts)
+
+
+def _from_pairs(pairs: Pairs, requests: Frame, copy: str, original: str) -> list[pl.DataFrame] | None:
+    """The rows of two candidates from the report's Pairs: their seq rows in key order hold the
+    same prompts (each candidate's requests hold the reference's, Pairs.request_row), so row k of
+    one is row k of the other, and their logprobs are the cand rows already read. None where the
+    Pairs cannot tell (a side is the reference, or some requests are not in blocks)."""
+    if pairs.request_row is None or not isinstance(requests, pl.DataFrame):
+        return None
+    spans = {(model, target): (first, end) for model, target, first, end in key_blocks.runs(pairs.seq).iter_rows()}
+    if not any(target == copy for _, target in spans) or not any(target == original for _, target in spans):
+        return None  # a side is the reference, or did not run (then there is nothing to compare)
+    ids, flat, parts = aligned.Lists(requests["output_token_ids"]), aligned.Flat(pairs.lists("logprobs")), []
+    for (model, target), (first, end) in sorted(spans.items()):
+        if target != copy or (model, original) not in spans:
+            continue
+        other, other_end = spans[model, original]
+        if not pairs.seq[first:end].select(PROMPT).equals(pairs.seq[other:other_end].select(PROMPT)):
+            return None
+        out = aligned.compare_rows(ids, pairs.request_row[first:end], pairs.request_row[other:other_end])
+        parts.append(
+            _compared(model, original, copy, out, flat, pairs.cand_row[first:end], pairs.cand_row[other:other_end])
+        )
+    return parts
+
+
+def _compared(
+    model: str, original: str, copy: str, out: dict[str, np.ndarray], flat: aligned.Flat, c: np.ndarray, o: np.ndarray
+) -> pl.DataFrame:
+    """One (original, copy) row of a model from its prompts' outputs compared (aligned.compare_rows)
+    and each prompt's logprobs list in `flat`: row c of the copy's, o of the original's (-1: none)."""
+    has = (c >= 0) & (o >= 0)
+    c, o = np.where(has, c, 0), np.where(has, o, 0)
+    first = np.where(out["first_divergence"] < 0, np.iinfo(np.int64).max, out["first_divergence"])
+    n = np.where(has, np.minimum(np.minimum(flat.n[c], flat.n[o]), first), 0) if flat.n.size else np.zeros_like(c)
+    row, position = aligned.common(n)
+    diff = flat.at(c[row], position, inside_lists=True).cast(_F64) - flat.at(o[row], position, inside_lists=True).cast(
+        _F64
+    )
+    return _row(model, original, copy, out["first_divergence"] < 0, diff.alias("_d"))
 
 
 def _row(model: str, original: str, copy: str, identical: np.ndarray, diff: pl.Series) -> pl.DataFrame:

@@ -13,7 +13,8 @@ import numpy as np
 import polars as pl
 
 from fleet.analysis import divergence
-from fleet.analysis.from_stats import NO_POSITION, Flat, Pairs
+from fleet.analysis.aligned import Flat
+from fleet.analysis.from_stats import NO_POSITION, Pairs
 from fleet.analysis.noise_model import NoiseSpec
 from fleet.analysis.parity import CAND, RUN
 from fleet.results.prompt_stats import SPLIT

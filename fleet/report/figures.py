@@ -36,13 +36,17 @@ def from_token_rows(requests: pl.DataFrame, tokens: pl.LazyFrame, ref: str, spec
 
 def from_prompt_stats(requests: pl.DataFrame, stats: pl.LazyFrame, ref: str, spec: NoiseSpec) -> Figures:
     """The same figures from prompt_stats: prompts joined with prompts (fleet/analysis/from_stats.py)."""
-    pairs = from_stats.Pairs.load(requests, stats, ref)
+    return from_pairs(from_stats.Pairs.load(requests, stats, ref), stats, spec)
+
+
+def from_pairs(pairs: from_stats.Pairs, stats: pl.LazyFrame, spec: NoiseSpec) -> Figures:
+    """`from_prompt_stats` of prompts already paired."""
     first = from_stats.first_step(pairs)
     # The lists the divergences read are decoded while the per-candidate figures run in numpy, each
     # on a core of its own (docs/measurements.md, "fleet report ..., third pass").
     with ThreadPoolExecutor(1) as pool:
         needed = stats_divergences.needs_lists(pairs)  # not where every divergence is its split
-        lists = pool.submit(stats_divergences.at_divergence_lists, stats, ref) if needed else None
+        lists = pool.submit(stats_divergences.at_divergence_lists, stats, pairs.reference) if needed else None
         parity, noise_table, own = from_stats.figures(pairs, first, spec)
         per_prompt = stats_divergences.divergences(
             pairs, stats, spec, noise_table, lists=lists.result() if lists is not None else None
@@ -83,10 +87,18 @@ def shown(first: pl.DataFrame, sequences: pl.DataFrame) -> pl.DataFrame:
     return counts.join(n_shown, on=["model", "target"], how="left").sort("model", "target")
 
 
-def noise_floor_of(requests: pl.DataFrame, rows: pl.LazyFrame, repeats: dict[str, Any], *, stats: bool) -> pl.DataFrame:
-    """noise_floor.self_parity from prompt_stats (`stats`) or, for runs before them, from token rows."""
+def noise_floor_of(
+    requests: pl.DataFrame,
+    rows: pl.LazyFrame,
+    repeats: dict[str, Any],
+    *,
+    stats: bool,
+    pairs: from_stats.Pairs | None = None,
+) -> pl.DataFrame:
+    """noise_floor.self_parity from prompt_stats (`stats`; `pairs`: the candidates already paired)
+    or, for runs before them, from token rows."""
     return (
-        noise_floor.from_prompt_stats(requests, rows, repeats)
+        noise_floor.from_prompt_stats(requests, rows, repeats, pairs=pairs)
         if stats
         else noise_floor.self_parity(requests, rows, repeats)
     )

@@ -106,10 +106,16 @@ class RunReport:
         variants, repeats = info.variants, info.repeats
         spec = NoiseSpec.from_info(info)
         use_stats = reader.covers(run_dir, "prompt_stats", "tokens") and from_stats.usable(stats)
-        if use_stats:
-            parity, first, per_prompt, seqs = figures.from_prompt_stats(requests, stats, ref, spec)
+        pairs = from_stats.Pairs.load(requests, stats, ref) if use_stats else None
+        # The noise floor first: what it allocates is then reused by the figures (after them it
+        # would add to their peak, 90 MB at 10M token rows).
+        rows = stats if use_stats else tokens
+        noise = figures.noise_floor_of(requests, rows, repeats, stats=use_stats, pairs=pairs) if repeats else None
+        if pairs is not None:
+            parity, first, per_prompt, seqs = figures.from_pairs(pairs, stats, spec)
         else:  # a run written before prompt_stats: the same figures from its token rows
             parity, first, per_prompt, seqs = figures.from_token_rows(requests, tokens, ref, spec)
+        del pairs  # the candidates' stats rows: the largest frames of a big report
         sequences = figures.worst_sequences(texts, ref, seqs, per_prompt, top)
         # One row per run of a level; a sweep's probes (probe > 0) go to its own section, not the levels'.
         runs = perf_summary(t["perf_requests"], t["perf_levels"], slos(info)) if t["perf_levels"].height else None
@@ -134,9 +140,7 @@ class RunReport:
             layers=probes.layer_curve(probes.layer_errors(t["layers"], ref)) if t["layers"].height else None,
             matrix=None,
             consistency=consistency.self_consistency_of(compared) if compared is not None else None,
-            noise_floor=figures.noise_floor_of(requests, stats if use_stats else tokens, repeats, stats=use_stats)
-            if repeats
-            else None,
+            noise_floor=noise,
             verdicts=None,
             environment=provenance.environment(info),
             architecture={m: provenance.architecture(info, m) for m in _models(info, requests)},
