@@ -116,16 +116,17 @@ def measure(source: Path, rows: int, top: int, *, stats: bool, keep: Path | None
             check=False,
         )
         wall = time.perf_counter() - t0
-        peak = int(proc.stderr.strip().splitlines()[-1]) / 1024
+        peak = int(proc.stderr.strip().splitlines()[-1]) / 1024  # time's %M is in KiB
         lines = proc.stdout.count("\n")
         print(
             f"fleet report --top {top} at {n_rows:,} rows ({'prompt_stats' if stats else 'token rows'}): "
-            f"{wall:.1f} s, peak RSS {peak:,.0f} MB, {lines:,} lines printed, exit {proc.returncode}",
+            f"{wall:.1f} s, peak RSS {peak:,.0f} MiB ({peak * 1.048576:,.0f} MB), {lines:,} lines printed, "
+            f"exit {proc.returncode}",
             flush=True,
         )
         if proc.returncode not in (0, 3, 4):
             print(proc.stderr[-2000:])
-        return {"wall_s": wall, "peak_rss_mb": peak, "token_rows": n_rows, "lines": lines}
+        return {"wall_s": wall, "peak_rss_mib": peak, "token_rows": n_rows, "lines": lines}
     finally:
         if keep is None:
             shutil.rmtree(tmp, ignore_errors=True)
