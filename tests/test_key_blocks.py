@@ -30,7 +30,7 @@ def by_join_and_sort(keys: pl.DataFrame) -> tuple[list[int], list[int]]:
 def a_table(rng: np.random.Generator) -> pl.DataFrame:
     """Keys of a stored table: models' targets in blocks of the same prompts in the same (random)
     order, or one of the ways a real table breaks that."""
-    how = rng.integers(0, 6)
+    how = rng.integers(0, 7)
     parts = []
     for model in rng.permutation(["m1", "m2"])[: rng.integers(1, 3)]:
         n = int(rng.integers(2, 6))
@@ -47,6 +47,8 @@ def a_table(rng: np.random.Generator) -> pl.DataFrame:
         keys = keys.filter(pl.arange(0, keys.height) != int(rng.integers(keys.height)))
     elif how == 4:  # a target's rows in two places (two weight directories): a whole block again
         keys = pl.concat([keys, parts[int(rng.integers(len(parts)))]])
+    elif how == 5:  # a key missing (a hand-edited or damaged table), in every block
+        keys = keys.with_columns(prompt_id=pl.when(pl.col("prompt_id") != "p0").then(pl.col("prompt_id")))
     return keys
 
 

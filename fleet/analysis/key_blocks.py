@@ -6,8 +6,8 @@ Pairing a candidate's prompts with the reference's, putting them in key order, o
 reference's prompts a target answered then needs no join, sort or hash of every row's string keys:
 each block is compared with its model's first block row for row, and only that block is sorted.
 A table that is not in such blocks (a failed shard, a resumed run with files of another plan,
-runs of one target interleaved, a prompt twice) gets `None`, and the caller joins and sorts as
-before. `runs` finds the blocks where the keys change.
+runs of one target interleaved, a prompt twice, a key missing) gets `None`, and the caller joins
+and sorts as before. `runs` finds the blocks where the keys change.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ class Blocks:
 
 def blocks(keys: pl.DataFrame) -> Blocks | None:
     """`keys` (CAND of a table's rows) as Blocks, or None where they are not in such blocks."""
+    if any(keys.null_count().row(0)):
+        return None  # a key missing: a join on the keys pairs no such row, block by block would
     found = runs(keys)
     if found.select(RUN).n_unique() != found.height:
         return None  # a target's rows in more than one place
