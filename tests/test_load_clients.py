@@ -95,3 +95,26 @@ def test_clients_need_a_target_other_processes_reach() -> None:
         Manifest.model_validate(manifest)
     manifest["perf"][0]["targets"] = ["ep"]  # type: ignore[index]
     Manifest.model_validate(manifest)
+
+
+def test_clients_that_cannot_fit_beside_their_target_are_refused_before_the_run() -> None:
+    """A level's client actors hold their CPUs beside the target's own: where the cluster has fewer
+    in all, the run is refused before anything starts (not 120 s into the level)."""
+    from fleet.run.placement import check_fits, footprint
+
+    manifest = {
+        "models": [{"name": "m", "source": {"kind": "path", "path": "/nonexistent"}}],
+        "targets": [{"name": "v", "kind": "vllm"}, {"name": "ep", "kind": "endpoint", "base_url": "http://h/v1"}],
+        "reference": "v",
+        "prompts": {"p": [{"id": "a", "prompt": "x"}]},
+        "perf": [{"name": "s", "concurrency": [4], "input_tokens": 4, "output_tokens": 2, "num_requests": 4,
+                  "clients": 3, "client_cpus": 1, "targets": ["ep"]}],
+    }  # fmt: skip
+    m = Manifest.model_validate(manifest)
+    need = footprint(m.target("ep"))["CPU"] + 3
+    with pytest.raises(RuntimeError, match=rf"perf\[0\] 's': target 'ep' and its 3 client actors of 1 CPUs need "
+                       rf"\{{'CPU': {need:g}\}} at once; the cluster has \{{'CPU': {need - 1:g}\}}"):  # fmt: skip
+        check_fits(m, {"CPU": need - 1})
+    check_fits(m, {"CPU": need})
+    manifest["perf"][0]["client_cpus"] = 0  # type: ignore[index]
+    check_fits(Manifest.model_validate(manifest), {"CPU": need - 1})

@@ -186,3 +186,25 @@ def check_fits(manifest: Manifest, cluster: dict[str, float], nodes: list[dict[s
             have = {k: cluster.get(k, 0.0) for k in short}
             msg = f"target {target.name!r} alone needs {short}; the cluster has {have}"
             raise RuntimeError(msg)
+    _check_clients(manifest, cluster)
+
+
+def _check_clients(manifest: Manifest, cluster: dict[str, float]) -> None:
+    """A perf level spread over client actors (Scenario.clients) holds their CPUs beside its target's
+    own: where the cluster has fewer in all, the clients could only time out, after the parity work."""
+    for i, scenario in enumerate(manifest.perf):
+        if scenario.clients < 2 or scenario.client_cpus <= 0:
+            continue
+        clients = {"CPU": scenario.clients * scenario.client_cpus}
+        for target in manifest.targets:
+            if not target.can("perf") or (scenario.targets is not None and target.name not in scenario.targets):
+                continue
+            want = add(footprint(target), clients)
+            if not fits(want, cluster):
+                msg = (
+                    f"perf[{i}] {scenario.name!r}: target {target.name!r} and its {scenario.clients} client actors of "
+                    f"{scenario.client_cpus:g} CPUs need {{'CPU': {want['CPU']:g}}} at once; the cluster has "
+                    f"{{'CPU': {cluster.get('CPU', 0.0):g}}}: lower clients or client_cpus (0: the clients share the "
+                    "cores the target leaves), or add nodes"
+                )
+                raise RuntimeError(msg)
