@@ -143,3 +143,30 @@ def test_a_run_outside_the_block_first_frees_the_slots_its_idle_actors_hold(two_
     _, _, info = run(tmp_path / "b", two)
     assert info["status"] == "complete"
     assert all(a.dead for a in kept) and not any(pool.kept.values())
+
+
+def test_a_perf_level_with_client_actors_finds_no_actor_kept_idle(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A level spread over client actors (Scenario.clients) needs CPUs beside its target's: the
+    actors kept idle for later targets are killed before it is sent, not left holding them while
+    the clients wait for READY_TIMEOUT_S. A level without client actors leaves them kept."""
+    cluster = Cluster(resources={"CPU": 4.0})
+    for name, module in fake_ray(cluster).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    manifest = MANIFEST.replace("  - {name: c2, kind: vllm, dtype: float32}\n", "").replace(
+        '  - {name: c3, kind: vllm, env: {SOME_FLAG: "1"}}\n  - {name: c4, kind: vllm}\n',
+        '  - {name: ep, kind: endpoint, base_url: "http://127.0.0.1:9/v1"}\n',
+    )
+    perf = "perf:\n  - {name: spread, concurrency: [2], input_tokens: 4, output_tokens: 2, num_requests: 2, %s}\n"
+    (tmp_path / "clients").mkdir()
+    (tmp_path / "one").mkdir()
+    _, _, info = run(tmp_path / "clients", manifest + perf % "clients: 2, targets: [ep]")
+    assert info["status"] == "complete"
+    [(sent, idle)] = [(key, idle) for key, idle in cluster.idle_at_perf if key[1] == "ep"]
+    assert idle == [], f"{sent} was sent with kept actors {idle} holding CPUs"
+    cluster.idle_at_perf.clear()
+    _, _, info = run(tmp_path / "one", manifest + perf % "targets: [ep]")
+    assert info["status"] == "complete"
+    [(_, idle)] = [(key, idle) for key, idle in cluster.idle_at_perf if key[1] == "ep"]
+    assert idle, "with one client the kept actors stay kept (this run's c1 is done by then)"

@@ -89,6 +89,8 @@ class Cluster:
     resources: dict[str, float] = field(default_factory=lambda: {"CPU": 6.0})
     kill_at: tuple[str, str, str] | None = None  # (model, target, method) whose send kills the driver
     made: list[Actor] = field(default_factory=list)  # every actor started, in order
+    # Each perf call as sent, with the actors then kept idle (shut down, not killed, not reused).
+    idle_at_perf: list[tuple[tuple[str, ...], list[int]]] = field(default_factory=list)
 
 
 class DriverKilled(BaseException):
@@ -121,6 +123,10 @@ class Method:
                 cluster.overlaps.append((key, *busy))
             cluster.in_flight.append(key)
         cluster.log.append(("send", *key))
+        if self.name == "shutdown":
+            actor.idle = True
+        if self.name == "perf":
+            cluster.idle_at_perf.append((key, [a.id for a in cluster.made if a.idle and not a.dead]))
         if key[:3] == cluster.kill_at:
             raise DriverKilled(key)
 
@@ -146,7 +152,7 @@ class Actor:
         self.build(target, model, sampling)
 
     def build(self, target: Any, model: Any, sampling: Any) -> None:
-        self.target, self.model = target, model
+        self.target, self.model, self.idle = target, model, False
         resolved = ResolvedModel(model, Path(), f"w-{model.name}", None)
         self.engine = TestDoubleEngine(TestDoubleArgs(name=target.name), resolved, sampling=sampling)
         self.keys = {"model": model.name, "model_weights": resolved.weights, "target": target.name}

@@ -43,6 +43,10 @@ class Perf(Work):
         parity = m.prompt_list(scenario.parity.prompt_set) if scenario.parity else None
         return slot.handle.perf.remote(scenario, self.level.level, prompts, parity), m.run.shard_timeout_s
 
+    def starts_client_actors(self) -> bool:
+        scenario = self.level.scenario
+        return scenario.clients > 1 and scenario.client_cpus > 0
+
     def on_result(self, slot: SlotView, result: PerfResult) -> Effects:
         if result.parity is not None:  # written once the reference has scored its parity rows
             return Effects(score=ScoreLoad.of(self.level, result))

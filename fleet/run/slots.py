@@ -98,6 +98,8 @@ class ActorSlot:
         if self.current is not None or not self.queue or self.handle is None:
             return None
         work = self.queue.popleft()
+        if work.starts_client_actors():
+            free_ray()  # actors kept idle (this run's, or an across_runs() block's) would hold their CPUs
         call, timeout = work.submit(self)
         self.current = (call, work, time.monotonic() + timeout)
         return call

@@ -111,6 +111,11 @@ class Work(ABC):
     def retried(self) -> Work:
         return replace(self, attempt=self.attempt + 1)
 
+    def starts_client_actors(self) -> bool:
+        """Whether the call starts Ray actors of its own beside its target's (a perf level's load
+        clients), which need CPUs that actors kept idle would hold."""
+        return False
+
     @abstractmethod
     def submit(self, slot: SlotView) -> tuple[Any, float]:
         """Send the call to the slot's actor: its object ref and the seconds it may take."""
