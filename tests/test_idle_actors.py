@@ -170,3 +170,28 @@ def test_a_perf_level_with_client_actors_finds_no_actor_kept_idle(
     assert info["status"] == "complete"
     [(_, idle)] = [(key, idle) for key, idle in cluster.idle_at_perf if key[1] == "ep"]
     assert idle, "with one client the kept actors stay kept (this run's c1 is done by then)"
+
+
+def test_a_models_client_actors_hold_cpus_no_other_model_takes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Admission counts a model's perf client actors: on a cluster with room for two models'
+    targets but not for their clients too, the models run one after the other."""
+    from test_scheduler import MANIFEST as TWO_MODELS
+
+    from fleet.run.manifest_file import load
+    from fleet.run.placement import add, footprint, reservation
+
+    level = "  - {name: s, concurrency: [1, 2], input_tokens: 4, output_tokens: 2, num_requests: 2}\n"
+    spread = level.replace("[1, 2]", "[2]").replace("}\n", ", clients: 2, targets: [ep]}\n")
+    (tmp_path / "m.yaml").write_text(TWO_MODELS.replace(level, spread))
+    manifest = load(tmp_path / "m.yaml")
+    targets = add(*(footprint(t) for t in manifest.targets))
+    room = {"CPU": 2 * targets["CPU"]}  # both models' targets at once, not their clients' 2 CPUs too
+    assert reservation(manifest, room) == add(targets, {"CPU": 2.0})
+    cluster = Cluster(resources=room)
+    for name, module in fake_ray(cluster).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    _, _, info = run(tmp_path, TWO_MODELS.replace(level, spread))
+    assert info["status"] == "complete"
+    sent = [entry[1] for entry in cluster.log if entry[0] == "send"]
+    first, second = sent[0], next(m for m in sent if m != sent[0])
+    assert max(i for i, m in enumerate(sent) if m == first) < sent.index(second), "the models overlapped"

@@ -148,14 +148,22 @@ def takes_turns(manifest: Manifest, cluster: dict[str, float]) -> bool:
 def reservation(manifest: Manifest, cluster: dict[str, float]) -> dict[str, float]:
     """What one model holds while it runs: every target at once when the cluster could ever fit
     that; else the reference plus the largest candidate (candidates then take turns beside it);
-    else, taking turns with the reference, the largest single target."""
+    else, taking turns with the reference, the largest single target. And beside them the CPUs of
+    its largest perf level's client actors, which no other model may take meanwhile."""
     ref = footprint(manifest.target(manifest.reference))
     everything = add(*(footprint(t) for t in manifest.targets))
     if fits(everything, cluster):
-        return everything
+        return add(everything, _clients(manifest))
     if takes_turns(manifest, cluster):
-        return _largest([footprint(t) for t in manifest.targets])
-    return _largest([add(ref, footprint(t)) for t in manifest.targets if t.name != manifest.reference] or [ref])
+        return add(_largest([footprint(t) for t in manifest.targets]), _clients(manifest))
+    pairs = [add(ref, footprint(t)) for t in manifest.targets if t.name != manifest.reference] or [ref]
+    return add(_largest(pairs), _clients(manifest))
+
+
+def _clients(manifest: Manifest) -> dict[str, float]:
+    """The CPUs of the most a perf level's client actors (Scenario.clients) hold at once."""
+    spread = [s.clients * s.client_cpus for s in manifest.perf if s.clients > 1 and s.client_cpus > 0]
+    return {"CPU": max(spread)} if spread else {}
 
 
 def _largest(needs: list[dict[str, float]]) -> dict[str, float]:
