@@ -260,6 +260,12 @@ class Scenario(Strict):
         return self
 
     @property
+    def client_actor_cpus(self) -> float:
+        """The CPUs its client actors hold beside the target's own while a level runs (0: the load
+        goes out from the target's actor, or its clients reserve none)."""
+        return self.clients * self.client_cpus if self.clients > 1 else 0.0
+
+    @property
     def longest_request(self) -> int | None:
         """The most tokens (prompt + output) one synthetic request can need; None when prompts come from a
         set or a trace (only the engine's tokenizer counts those). Chat templating adds no tokens beyond

@@ -44,8 +44,7 @@ class Perf(Work):
         return slot.handle.perf.remote(scenario, self.level.level, prompts, parity), m.run.shard_timeout_s
 
     def starts_client_actors(self) -> bool:
-        scenario = self.level.scenario
-        return scenario.clients > 1 and scenario.client_cpus > 0
+        return self.level.scenario.client_actor_cpus > 0
 
     def on_result(self, slot: SlotView, result: PerfResult) -> Effects:
         if result.parity is not None:  # written once the reference has scored its parity rows

@@ -161,9 +161,9 @@ def reservation(manifest: Manifest, cluster: dict[str, float]) -> dict[str, floa
 
 
 def _clients(manifest: Manifest) -> dict[str, float]:
-    """The CPUs of the most a perf level's client actors (Scenario.clients) hold at once."""
-    spread = [s.clients * s.client_cpus for s in manifest.perf if s.clients > 1 and s.client_cpus > 0]
-    return {"CPU": max(spread)} if spread else {}
+    """The most CPUs one perf level's client actors hold at once (Scenario.client_actor_cpus)."""
+    most = max((s.client_actor_cpus for s in manifest.perf), default=0.0)
+    return {"CPU": most} if most > 0 else {}
 
 
 def _largest(needs: list[dict[str, float]]) -> dict[str, float]:
@@ -201,9 +201,9 @@ def _check_clients(manifest: Manifest, cluster: dict[str, float]) -> None:
     """A perf level spread over client actors (Scenario.clients) holds their CPUs beside its target's
     own: where the cluster has fewer in all, the clients could only time out, after the parity work."""
     for i, scenario in enumerate(manifest.perf):
-        if scenario.clients < 2 or scenario.client_cpus <= 0:
+        if scenario.client_actor_cpus <= 0:
             continue
-        clients = {"CPU": scenario.clients * scenario.client_cpus}
+        clients = {"CPU": scenario.client_actor_cpus}
         for target in manifest.targets:
             if not target.can("perf") or (scenario.targets is not None and target.name not in scenario.targets):
                 continue
