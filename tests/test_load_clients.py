@@ -82,18 +82,22 @@ def test_two_client_actors_send_one_schedule_and_their_rows_merge(
     assert level["hostname"] and level["client_cpu_s"] > 0
 
 
-def test_clients_need_a_target_other_processes_reach() -> None:
-    manifest = {
+def _manifest(**level: Any) -> dict[str, Any]:
+    """A model with an in-process vLLM reference and an endpoint target, and one perf scenario."""
+    return {
         "models": [{"name": "m", "source": {"kind": "path", "path": "/nonexistent"}}],
         "targets": [{"name": "v", "kind": "vllm"}, {"name": "ep", "kind": "endpoint", "base_url": "http://h/v1"}],
         "reference": "v",
         "prompts": {"p": [{"id": "a", "prompt": "x"}]},
-        "perf": [{"name": "s", "concurrency": [2], "input_tokens": 4, "output_tokens": 2, "num_requests": 2,
-                  "clients": 2}],
-    }  # fmt: skip
+        "perf": [{"name": "s", "input_tokens": 4, "output_tokens": 2} | level],
+    }
+
+
+def test_clients_need_a_target_other_processes_reach() -> None:
+    manifest = _manifest(concurrency=[2], num_requests=2, clients=2)
     with pytest.raises(ValueError, match=r"perf\[0\].clients: 2 client processes need .* 'v' serve"):
         Manifest.model_validate(manifest)
-    manifest["perf"][0]["targets"] = ["ep"]  # type: ignore[index]
+    manifest["perf"][0]["targets"] = ["ep"]
     Manifest.model_validate(manifest)
 
 
@@ -102,19 +106,12 @@ def test_clients_that_cannot_fit_beside_their_target_are_refused_before_the_run(
     in all, the run is refused before anything starts (not 120 s into the level)."""
     from fleet.run.placement import check_fits, footprint
 
-    manifest = {
-        "models": [{"name": "m", "source": {"kind": "path", "path": "/nonexistent"}}],
-        "targets": [{"name": "v", "kind": "vllm"}, {"name": "ep", "kind": "endpoint", "base_url": "http://h/v1"}],
-        "reference": "v",
-        "prompts": {"p": [{"id": "a", "prompt": "x"}]},
-        "perf": [{"name": "s", "concurrency": [4], "input_tokens": 4, "output_tokens": 2, "num_requests": 4,
-                  "clients": 3, "client_cpus": 1, "targets": ["ep"]}],
-    }  # fmt: skip
+    manifest = _manifest(concurrency=[4], num_requests=4, clients=3, client_cpus=1, targets=["ep"])
     m = Manifest.model_validate(manifest)
     need = footprint(m.target("ep"))["CPU"] + 3
     with pytest.raises(RuntimeError, match=rf"perf\[0\] 's': target 'ep' and its 3 client actors of 1 CPUs need "
                        rf"\{{'CPU': {need:g}\}} at once; the cluster has \{{'CPU': {need - 1:g}\}}"):  # fmt: skip
         check_fits(m, {"CPU": need - 1})
     check_fits(m, {"CPU": need})
-    manifest["perf"][0]["client_cpus"] = 0  # type: ignore[index]
+    manifest["perf"][0]["client_cpus"] = 0
     check_fits(Manifest.model_validate(manifest), {"CPU": need - 1})
