@@ -107,9 +107,8 @@ def _compared(
     first = np.where(out["first_divergence"] < 0, np.iinfo(np.int64).max, out["first_divergence"])
     n = np.where(has, np.minimum(np.minimum(flat.n[c], flat.n[o]), first), 0) if flat.n.size else np.zeros_like(c)
     row, position = aligned.common(n)
-    diff = flat.at(c[row], position, inside_lists=True).cast(_F64) - flat.at(o[row], position, inside_lists=True).cast(
-        _F64
-    )
+    copy_lp = flat.at(c[row], position, inside_lists=True).cast(_F64)
+    diff = copy_lp - flat.at(o[row], position, inside_lists=True).cast(_F64)
     return _row(model, original, copy, out["first_divergence"] < 0, diff.alias("_d"))
 
 
