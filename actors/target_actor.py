@@ -65,9 +65,10 @@ class TargetActor:
         driver gets back only where they wait."""
         return sink.generated(self.generate(shard))
 
-    def score_staged(self, sink: RowSink, shard_id: str, weights: str, *, k: int, twin: str | None = None) -> Any:
-        """`score` of a candidate shard `sink` stored, read, scored and stored again here."""
-        return sink.scored(shard_id, weights, functools.partial(self.engine.score, k=k, twin=twin))
+    def score_stored(self, sink: RowSink, stored: Any, *, k: int, twin: str | None = None) -> Any:
+        """`score` of a candidate shard as `sink` stored it (`stored` says how it finds it), read,
+        scored and stored again here."""
+        return sink.scored(stored, functools.partial(self.engine.score, k=k, twin=twin))
 
     def describe(self, *, build: tuple[TargetArgs, ModelSpec, Sampling] | None = None) -> dict[str, str]:
         """Provenance: the engine's environment plus exactly which weights it loaded, and where.

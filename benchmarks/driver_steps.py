@@ -64,7 +64,7 @@ def shard(tmp: Path, *, prompts: int, tokens: int) -> tuple[Any, Any, Any]:
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.sources import SyntheticSource
     from fleet.contracts.spec import ModelSpec, Sampling, Shard
-    from fleet.results.direct import join_scores
+    from fleet.results.scores import join_scores
 
     model = ResolvedModel(ModelSpec(name="m", source=SyntheticSource()), tmp, "w" * 16, None)
     sampling = Sampling(max_tokens=tokens, logprobs=5)

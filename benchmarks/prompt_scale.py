@@ -7,10 +7,11 @@ candidate shard is scored too. Each size runs in a fresh driver process; printed
   - token rows written and token rows/s, from the first shard's start to the last shard's end
     (the shards table), and over the whole run (manifest check, Ray start and shutdown included);
   - the driver process's CPU seconds per million token rows (all its threads, the whole run), the
-    actors' and Ray's own processes not counted: what one driver core can take is 1M rows/s over it;
+    actors' and Ray's own processes not counted: what one driver core can take is 1M rows/s over it
+    (on 2 cores the actors' share of the work, encoding included, comes out of the same cores);
 
-then, in this process on one shard of the same shape (test-double rows, no Ray), what each stage
-of the driver's per-shard path costs: CPU seconds per million token rows, best of 7.
+then, in this process on one shard of the same shape (test-double rows, no Ray), what each step
+of a shard's path costs, in the actors and in the driver: CPU seconds per million token rows, best of 7.
 
     .venv/bin/python benchmarks/prompt_scale.py [--sizes 10000 100000 1000000] [--shard-size 2000]
 """
@@ -92,38 +93,46 @@ def one(path: Path, results: Path) -> dict[str, float]:
     return {"rows": rows, "span_s": span, "wall_s": wall, "peak_rss_mb": peak_mb, "cpu_s": cpu}
 
 
-def stages(tmp: Path, *, prompts: int, tokens: int) -> dict[str, float]:
-    """CPU seconds per million token rows of each step the driver takes for a shard of `prompts` x
-    `tokens` rows (test double, top-5), best of 7: the reference's scores joined on, prompt_stats
-    computed, each table encoded and written (atomic, fsynced)."""
+def stages(tmp: Path, *, prompts: int, tokens: int) -> dict[str, dict[str, float]]:
+    """CPU seconds per million token rows of each step a shard of `prompts` x `tokens` rows (test
+    double, top-5) takes on the driver path, best of 7: in the actors (the reference's for a
+    candidate shard: fleet/results/packed.py), the scores joined on, prompt_stats computed and each
+    table encoded; in the driver, the encoded files stored (atomic, fsynced) and the shards row."""
     from driver_steps import shard
 
     from fleet.results import prompt_rows
-    from fleet.results.direct import join_scores
-    from fleet.results.store import RunStore
+    from fleet.results.packed import PackSink
+    from fleet.results.scores import join_scores
+    from fleet.results.store import RunStore, encoded, stamped
     from fleet.run.writer import keep_freed_memory
 
     keep_freed_memory()  # as the driver's writer has it (benchmarks/driver_steps.py: with and without)
     gen, scores, scored = shard(tmp, prompts=prompts, tokens=tokens)
     stats = prompt_rows.summarize(scored)
+    packed = PackSink("stages", "ref").pack(type(gen)(gen.requests, scored, gen.shard), whole=True)
     store = RunStore.create(tmp / "stages", {"run_id": "stages"})
-    steps = {
+    shard_id = "m/cand/p/00000"
+    actor = {
         "join the reference's scores": lambda: join_scores(gen.tokens, scores),
         "prompt_stats of a candidate shard": lambda: prompt_rows.summarize(scored),
         "prompt_stats of a reference shard": lambda: prompt_rows.summarize(gen.tokens),
-        "write requests": lambda: store.write("requests", "m/cand/p/00000", gen.requests),
-        "write tokens": lambda: store.write("tokens", "m/cand/p/00000", scored),
-        "write prompt_stats": lambda: store.write("prompt_stats", "m/cand/p/00000", stats),
-        "write the shards row": lambda: store.write("shards", "m/cand/p/00000", gen.shard),
+        "encode requests": lambda: encoded(stamped("requests", gen.requests, "stages")),
+        "encode tokens": lambda: encoded(stamped("tokens", scored, "stages")),
+        "encode prompt_stats": lambda: encoded(stamped("prompt_stats", stats, "stages")),
     }
-    out = {}
-    for name, step in steps.items():
-        best = math.inf
-        for _ in range(7):
-            t0 = time.process_time()
-            step()
-            best = min(best, time.process_time() - t0)
-        out[name] = best / gen.tokens.num_rows * 1e6
+    driver = {
+        f"store the encoded {table}": (lambda t=table: store.put_encoded(t, shard_id, *packed.files[t]))
+        for table in ("requests", "tokens", "prompt_stats")
+    } | {"write the shards row": lambda: store.write("shards", shard_id, gen.shard)}
+    out: dict[str, dict[str, float]] = {"actor": {}, "driver": {}}
+    for where, steps in (("actor", actor), ("driver", driver)):
+        for name, step in steps.items():
+            best = math.inf
+            for _ in range(7):
+                t0 = time.process_time()
+                step()
+                best = min(best, time.process_time() - t0)
+            out[where][name] = best / gen.tokens.num_rows * 1e6
     return out
 
 
@@ -170,11 +179,14 @@ def main() -> None:
             flush=True,
         )
     per_row = stages(tmp, prompts=args.shard_size, tokens=args.tokens)
-    print(f"the driver's steps for one shard ({args.shard_size} prompts x {args.tokens} tokens), CPU s per M rows:")
-    for name, cost in per_row.items():
-        print(f"  {name:<36} {cost:6.3f}")
-    cand = sum(cost for name, cost in per_row.items() if name != "prompt_stats of a reference shard")
-    print(f"  {'a candidate shard in all':<36} {cand:6.3f}: {1e6 / cand:,.0f} rows/s on one core")
+    print(f"one shard's steps ({args.shard_size} prompts x {args.tokens} tokens), CPU s per M rows:")
+    for where, steps in per_row.items():
+        for name, cost in steps.items():
+            print(f"  {where:<6} {name:<36} {cost:6.3f}")
+    cand = sum(cost for name, cost in per_row["actor"].items() if name != "prompt_stats of a reference shard")
+    stored = sum(per_row["driver"].values())
+    print(f"  a candidate shard in the reference's actor {cand:6.3f}; in the driver {stored:6.3f}:", end=" ")
+    print(f"{1e6 / stored:,.0f} rows/s on one core")
 
 
 if __name__ == "__main__":

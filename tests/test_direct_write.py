@@ -54,9 +54,9 @@ class DyingSink(direct.DirectSink):
     victim: str = ""
     marker: str = ""
 
-    def scored(self, shard_id: str, weights: str, score: Callable[[pa.Table], pa.Table]) -> direct.Written:
-        written = super().scored(shard_id, weights, score)
-        if shard_id == self.victim and not Path(self.marker).exists():
+    def scored(self, stored: tuple[str, str], score: Callable[[pa.Table], pa.Table]) -> direct.Written:
+        written = super().scored(stored, score)
+        if stored[0] == self.victim and not Path(self.marker).exists():
             staging = Path(self.run_dir) / ".staging"
             Path(self.marker).write_text(json.dumps(sorted(str(p) for p in staging.glob("**/*.parquet"))))
             os.kill(os.getpid(), signal.SIGKILL)

@@ -208,7 +208,7 @@ def test_a_test_double_shard_as_before_and_a_reference_shard(tmp_path: Any, monk
     from fleet.contracts.prompts import Prompt
     from fleet.contracts.sources import SyntheticSource
     from fleet.contracts.spec import ModelSpec, Sampling, Shard
-    from fleet.results.direct import join_scores
+    from fleet.results.scores import join_scores
 
     model = ResolvedModel(ModelSpec(name="m", source=SyntheticSource()), tmp_path, "w" * 16, None)
     sampling = Sampling(max_tokens=16, logprobs=5)

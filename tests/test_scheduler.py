@@ -11,6 +11,7 @@ paths on a real Ray.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import sys
@@ -116,7 +117,8 @@ class Method:
         if kwargs.get("build") is not None:  # a kept actor, handed to the next target of its shape
             actor.build(*kwargs.pop("build"))
         detail = _detail(self.name, args)
-        key = (actor.model.name, actor.target.name, self.name, detail)
+        # Logged, failed and slowed as the call it wraps: a generate_to is a generate, a score_stored a score.
+        key = (actor.model.name, actor.target.name, WRAPS.get(self.name, self.name), detail)
         if self.name != "shutdown":
             busy = [k for k in cluster.in_flight if k[2] == "perf" or self.name == "perf"]
             if busy:
@@ -176,6 +178,12 @@ class Actor:
         self.cluster.twins.append(twin)  # the driver asks for the candidate's dtype
         return self.engine.score(requests, k=k, twin=twin)
 
+    def do_generate_to(self, shard: Any, sink: Any) -> Any:  # as actors/target_actor.py
+        return sink.generated(self.do_generate(shard))
+
+    def do_score_stored(self, sink: Any, stored: Any, *, k: int, twin: str | None = None) -> Any:
+        return sink.scored(stored, functools.partial(self.do_score, k=k, twin=twin))
+
     def do_perf(self, scenario: Any, level: int, prompts: Any, parity_prompts: Any = None) -> PerfResult:
         at = {**self.keys, "scenario": scenario.name, "level": level}
         parity = None
@@ -201,8 +209,14 @@ class Actor:
         return None
 
 
+# The sink calls (fleet/results/direct.py, packed.py) and the calls they wrap.
+WRAPS = {"generate_to": "generate", "score_stored": "score"}
+
+
 def _detail(method: str, args: tuple[Any, ...]) -> str:
-    if method == "generate":
+    if method == "score_stored":  # (sink, a Packed or a staged shard's (id, weights))
+        return str(getattr(args[1], "shard_id", None) or args[1][0])
+    if method in ("generate", "generate_to"):
         return str(args[0].shard_id)
     if method == "score" and "shard_id" not in args[0].column_names:  # a perf level's parity rows
         return f"{args[0].column('scenario')[0].as_py()}/{args[0].column('level')[0].as_py()}"

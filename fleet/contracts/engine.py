@@ -66,8 +66,9 @@ class RowSink(Protocol):
     def generated(self, gen: Generation) -> Any:
         """Store a shard as its target generated it."""
 
-    def scored(self, shard_id: str, weights: str, score: Callable[[pa.Table], pa.Table]) -> Any:
-        """Score a stored candidate shard (`score`: requests -> SCORES rows) and store it scored."""
+    def scored(self, stored: Any, score: Callable[[pa.Table], pa.Table]) -> Any:
+        """Score a candidate shard (`score`: requests -> SCORES rows) and store it scored; `stored`
+        is how this sink finds it: what `generated` returned for it, or where it was staged."""
 
 
 class Engine(ABC):

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleet.contracts import schema
 from fleet.contracts.engine import Generation
 from fleet.results import prompt_rows
+from fleet.results.scores import join_scores, non_finite
 from fleet.results.staging import Staging
 from fleet.results.store import READY, S3_ENDPOINT_VARS, RunStore
 
@@ -83,8 +83,9 @@ class DirectSink:
         weights = Staging(self._store()).put(gen)
         return Written(shard_id, weights, gen.shard, (), gen.tokens.num_rows, non_finite(gen.tokens))
 
-    def scored(self, shard_id: str, weights: str, score: Callable[[pa.Table], pa.Table]) -> Written:
-        gen = Staging(self._store()).get(shard_id, weights)
+    def scored(self, stored: tuple[str, str], score: Callable[[pa.Table], pa.Table]) -> Written:
+        """A staged candidate shard, `stored` = (its shard id, its weights), scored and stored ready."""
+        gen = Staging(self._store()).get(*stored)
         return self._ready(gen, join_scores(gen.tokens, score(gen.requests)))
 
     def _ready(self, gen: Generation, tokens: pa.Table) -> Written:
@@ -131,32 +132,3 @@ def actor_env(store: RunStore) -> dict[str, str]:
     if store.local:
         return {}
     return {name: os.environ[name] for name in S3_ENV if os.environ.get(name)}
-
-
-def non_finite(tokens: pa.Table) -> bool:
-    """Some logprob is NaN or infinite (null ones aside)."""
-    import pyarrow.compute as pc
-
-    lp = tokens.column("logprob")
-    return bool(len(lp)) and not pc.all(pc.is_finite(lp.fill_null(0.0))).as_py()
-
-
-def join_scores(tokens: pa.Table, scores: pa.Table, *, into: pa.Schema = schema.TOKENS) -> pa.Table:
-    """A candidate's token rows with the reference's SCORES columns joined on (prompt_id, position),
-    as table `into` (the tokens table, or parity under load's load_tokens).
-    Scores in the tokens' own row order (what the engines return) are put beside them as they are."""
-    import polars as pl
-
-    keys = ["prompt_id", "position"]
-    if tokens.select(keys).equals(scores.select(keys)):  # no join: a comparison of two key columns
-        columns = {c: scores.column(c) for c in schema.SCORE_COLUMNS if c in scores.column_names}
-        beside = tokens.drop_columns([c for c in schema.SCORE_COLUMNS if c in tokens.column_names])
-        for name, column in columns.items():
-            beside = beside.append_column(name, column)
-        return schema.conform(beside, into)
-    joined = (
-        pl.from_arrow(tokens)
-        .drop(schema.SCORE_COLUMNS)  # type: ignore[union-attr]
-        .join(pl.from_arrow(scores), on=keys, how="left", maintain_order="left")  # type: ignore[arg-type]
-    )
-    return schema.conform(joined.to_arrow(), into)

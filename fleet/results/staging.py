@@ -22,6 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from fleet.contracts.engine import Generation
+from fleet.results.packed import Packed
 from fleet.results.store import STAGING, parquet_files
 
 if TYPE_CHECKING:
@@ -40,17 +41,34 @@ class Staging:
         self.store, self.fs = store, store.fs
         self.root = f"{store.root}/{STAGING}"
 
-    def put(self, gen: Generation) -> str:
-        """Store a candidate shard's rows as generated; returns the weights they are stored under."""
+    def put(self, gen: Generation | Packed) -> str:
+        """Store a candidate shard's rows as generated (as tables, or as its actor encoded them);
+        returns the weights they are stored under."""
         shard_id = gen.shard.column("shard_id")[0].as_py()
-        for table, rows in zip(TABLES, (gen.requests, gen.tokens, gen.shard), strict=True):
-            self.store.write(table, shard_id, rows, staged=True)
+        if isinstance(gen, Packed):
+            for table in TABLES[:-1]:
+                self.store.put_encoded(table, shard_id, *gen.files[table], staged=True)
+        else:
+            for table, rows in zip(TABLES[:-1], (gen.requests, gen.tokens), strict=True):
+                self.store.write(table, shard_id, rows, staged=True)
+        self.store.write("shards", shard_id, gen.shard, staged=True)  # last: the shard is whole
         return str(gen.shard.column("model_weights")[0].as_py())
 
     def get(self, shard_id: str, weights: str) -> Generation:
         """A staged shard's rows, as its candidate generated them."""
         files = self._files(shard_id, weights)
         return Generation(*(pq.read_table(files[t], filesystem=self.fs) for t in TABLES))
+
+    def packed(self, shard_id: str, weights: str) -> Packed:
+        """A staged shard as its files' bytes, for the reference's actor to read (fleet/results/packed.py)."""
+        files = self._files(shard_id, weights)
+        encoded = {}
+        for table in TABLES[:-1]:
+            under = weights if files[table] == self.store.path(table, shard_id, weights, staged=True) else "none"
+            with self.fs.open_input_file(files[table]) as f:
+                encoded[table] = (under, f.read())
+        shard = pq.read_table(files["shards"], filesystem=self.fs)
+        return Packed(shard_id, shard, encoded, tokens=0, non_finite=False)  # counted when generated
 
     def drop(self, shard_id: str, weights: str) -> None:
         """Remove a staged shard once it is committed; its marker first, so it never looks whole

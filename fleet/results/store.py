@@ -129,33 +129,27 @@ class RunStore:
         weights it ran on: a model name reused for other weights lands in another directory.
         `staged`: in the staging area, uncommitted (fleet/results/staging.py); `area`: under that
         directory of the run (READY: waiting for the driver's commit, fleet/results/direct.py)."""
-        data = schema.conform(data, stored_tables.all_tables()[table])
-        data = data.set_column(0, "run_id", pa.repeat(pa.scalar(self.run_id, pa.string()), data.num_rows))
+        data = stamped(table, data, self.run_id)
         weights = data.column("model_weights")[0].as_py() if data.num_rows else "none"
         path = self.path(table, shard_id, weights, staged=staged, area=area)
         # The names in it are validated already; this is the guard that the layout stays in the run.
         inside(self.root, path, what=f"{table} rows of {shard_id[:200]}", local=self.local)
-        # Dictionaries for the string columns only: on logprobs and top-k lists they cost time and
-        # bytes (a tokens shard: 20 % faster to write, 30 % smaller; docs/measurements.md).
-        # Statistics only where a filter can use them (keys, ids, positions, counts): a file's
-        # min and max of logprobs or of top-k list items prune nothing and cost ~4 % of the write.
-        options = {
-            "compression": "zstd",
-            "compression_level": 1,
-            "use_dictionary": _strings(data.schema),
-            "write_statistics": _filtered(data.schema),
-        }
         if self.local:  # straight to the temp file: no in-memory copy of a big shard
             tmp = self._temp(path)
-            pq.write_table(data, tmp, **options)
+            pq.write_table(data, tmp, **_options(data.schema))
             sync_and_rename(tmp, path)
         else:
-            sink = pa.BufferOutputStream()
-            pq.write_table(data, sink, **options)
-            put(self.fs, path, sink.getvalue())
+            put(self.fs, path, encoded(data))
         if area is not None:
             return path
         return self.shard_path(table, shard_id, weights, staged=staged)
+
+    def put_encoded(self, table: str, shard_id: str, weights: str, data: bytes, *, staged: bool = False) -> None:
+        """Store one shard's `table` as Parquet bytes an actor encoded (`encoded`, fleet/results/packed.py):
+        the same file `write` would make of its rows, whole or not at all."""
+        path = self.path(table, shard_id, weights, staged=staged)
+        inside(self.root, path, what=f"{table} rows of {shard_id[:200]}", local=self.local)
+        put(self.fs, path, data)
 
     def move_in(self, ready: str) -> str:
         """Commit a file an actor wrote under READY: move it to the same place in its table. A
@@ -245,6 +239,32 @@ class RunStore:
         directory, name = path.rsplit("/", 1)
         self.fs.create_dir(directory, recursive=True)
         return f"{directory}/.{name}.tmp"
+
+
+def stamped(table: str, data: pa.Table, run_id: str) -> pa.Table:
+    """`data` as stored in `table`: conformed to its declared schema, every row carrying `run_id`."""
+    data = schema.conform(data, stored_tables.all_tables()[table])
+    return data.set_column(0, "run_id", pa.repeat(pa.scalar(run_id, pa.string()), data.num_rows))
+
+
+def encoded(data: pa.Table) -> pa.Buffer:
+    """A `stamped` table as one Parquet file's bytes, with the settings every stored file has."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(data, sink, **_options(data.schema))
+    return sink.getvalue()
+
+
+def _options(columns: pa.Schema) -> dict[str, Any]:
+    """How a table is encoded. Dictionaries for the string columns only: on logprobs and top-k
+    lists they cost time and bytes (a tokens shard: 20 % faster to write, 30 % smaller;
+    docs/measurements.md). Statistics only where a filter can use them (keys, ids, positions,
+    counts): a file's min and max of logprobs or of top-k list items prune nothing and cost ~4 % of the write."""
+    return {
+        "compression": "zstd",
+        "compression_level": 1,
+        "use_dictionary": _strings(columns),
+        "write_statistics": _filtered(columns),
+    }
 
 
 def _strings(columns: pa.Schema) -> list[str]:

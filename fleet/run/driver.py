@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fleet.results.direct import DirectSink, actors_write
 from fleet.results.info import RunInfo
+from fleet.results.packed import PackSink
 from fleet.results.store import RUN_JSON, RunStore, join, now
 from fleet.run.check import check, check_resume, storage_errors
 from fleet.run.cluster import check_cluster, cluster_info, ray_cluster
@@ -129,7 +130,8 @@ def _execute(
             retries=(before.retries if before else 0) + outcome.retries,
             models=(before.timeline if before else {}) | outcome.timeline,
             cluster=cluster_info(),
-            write="driver" if sink is None else "actors",  # who wrote the rows (run.write; the last session's)
+            # Who wrote the rows (run.write; the last session's).
+            write="actors" if isinstance(sink, DirectSink) else "driver",
         )
     return outcome
 
@@ -177,13 +179,14 @@ def _drill(
     return merged
 
 
-def _sink(manifest: Manifest, store: RunStore) -> DirectSink | None:
-    """Where the actors store their own rows (`run.write`, fleet/results/direct.py); None: the driver writes."""
+def _sink(manifest: Manifest, store: RunStore) -> DirectSink | PackSink:
+    """Where the actors store their own rows (`run.write`, fleet/results/direct.py), or else how
+    they hand them to the driver to store: encoded (fleet/results/packed.py)."""
     import ray
 
     nodes = len([n for n in ray.nodes() if n.get("Alive")])
     if not actors_write(manifest.run.write, store, nodes=nodes):
-        return None
+        return PackSink(store.run_id, manifest.reference)
     # A local directory as an absolute path: an actor's working directory is not the driver's.
     return DirectSink(store.root if store.local else str(store.run_dir), store.run_id, manifest.reference)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from fleet.contracts.engine import Generation
 from fleet.contracts.perf_schema import LOAD_TOKENS
 from fleet.contracts.spec import Shard
-from fleet.results.direct import join_scores
+from fleet.results.scores import join_scores
 from fleet.run.work import Effects, Score, Work, Write
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class ScoreLoad(Score):
         return cls(shard, Generation(requests, tokens, perf.level), level=level, perf=perf)
 
     def on_result(self, slot: SlotView, result: pa.Table) -> Effects:
-        return Effects(writes=self._writes(join_scores(self.gen.tokens, result, into=LOAD_TOKENS)), progress=1)
+        return Effects(writes=self._writes(join_scores(self.rows.tokens, result, into=LOAD_TOKENS)), progress=1)
 
     def on_abandon(self, slot: SlotView, reason: str) -> Effects:
         why = f"parity under load unscored: {reason}"

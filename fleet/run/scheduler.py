@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fleet.results.direct import actor_env
+from fleet.results.direct import DirectSink, actor_env
 from fleet.results.staging import Staging
 from fleet.results.store import now
 from fleet.run import idle_actors
@@ -47,7 +47,7 @@ from fleet.run.work import Generate
 from fleet.run.writer import ShardWriter
 
 if TYPE_CHECKING:
-    from fleet.results.direct import DirectSink
+    from fleet.results.packed import PackSink
     from fleet.results.store import RunStore
     from fleet.run.manifest import Manifest
     from fleet.run.plan import ModelPlan
@@ -68,10 +68,11 @@ class Loop:
         *,
         cluster: dict[str, float],
         gates_of: GateCheck | None = None,
-        sink: DirectSink | None = None,
+        sink: DirectSink | PackSink | None = None,
     ) -> None:
         """`gates_of` is what `after:` checks beside failures (None: failures only). `sink`: the
-        actors store their shards themselves (fleet/results/direct.py); the loop commits them."""
+        actors store their shards themselves (`DirectSink`) or encode them (`PackSink`), and the
+        loop commits them; None: they hand back tables, which the loop summarises and stores."""
         self.manifest, self.bar, self.outcome = manifest, bar, Outcome()
         self.reservation = reservation(manifest, cluster)
         self.free = dict(cluster)
@@ -96,7 +97,7 @@ class Loop:
                 staging=self.staging,
                 staged=staged,
                 sink=sink,
-                env=actor_env(store) if sink is not None else None,
+                env=actor_env(store) if isinstance(sink, DirectSink) else None,
                 idle=self.idle,
             )
             for plan in plans

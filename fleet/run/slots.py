@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from fleet.contracts.spec import ModelSpec, Sampling, Shard
     from fleet.contracts.targets import TargetArgs
     from fleet.results.direct import DirectSink
+    from fleet.results.packed import PackSink
     from fleet.results.staging import Staging
     from fleet.run.manifest import Manifest
     from fleet.run.plan import ModelPlan
@@ -146,12 +147,13 @@ class AdmittedModel:
         take_turns: bool = False,
         staging: Staging | None = None,
         staged: dict[str, str] | None = None,
-        sink: DirectSink | None = None,
+        sink: DirectSink | PackSink | None = None,
         env: dict[str, str] | None = None,
         idle: IdleActors | None = None,
     ) -> None:
         """`staged`: shards (id -> weights) generated and staged before a resume: only scored now.
-        `sink`: the actors store their rows themselves (fleet/results/direct.py); `env`: what they need for it.
+        `sink`: the actors store their rows themselves (fleet/results/direct.py) or encode them
+        (fleet/results/packed.py); `env`: what they need to store them.
         `idle`: actors kept between targets, shared by the run's models."""
         self.model, self.manifest, self.reservation = model, manifest, reservation
         self.take_turns, self.staging, self.sink = take_turns, staging, sink

@@ -18,7 +18,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from fleet.results.direct import Written, join_scores, non_finite
+from fleet.results.direct import DirectSink, Written
+from fleet.results.packed import Packed
+from fleet.results.scores import join_scores, non_finite
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from fleet.contracts.engine import Generation
     from fleet.contracts.spec import ModelSpec, Sampling, Shard
     from fleet.contracts.targets import TargetArgs
-    from fleet.results.direct import DirectSink
+    from fleet.results.packed import PackSink
     from fleet.results.staging import Staging
     from fleet.run.manifest import Manifest
 
@@ -70,9 +72,10 @@ class ShardRows:
 
 @dataclass(frozen=True)
 class ShardFiles:
-    """A shard an actor stored itself (fleet/results/direct.py), for the driver to commit."""
+    """A shard an actor stored itself (fleet/results/direct.py) or encoded (fleet/results/packed.py),
+    for the driver to commit."""
 
-    written: Written
+    written: Written | Packed
     then: Callable[[], None] | None = None  # as ShardRows.then
 
 
@@ -84,7 +87,7 @@ class Effects:
     smoked: bool = False  # the target's smoke checks ran: a later actor of it does not repeat them
     writes: tuple[Write, ...] = ()  # stored at once, in this order
     shard: ShardRows | None = None  # stored on a writer thread; counts as progress once written
-    committed: ShardFiles | None = None  # stored by an actor: committed on a writer thread, as `shard`
+    committed: ShardFiles | None = None  # stored or encoded by an actor: committed on a writer thread, as `shard`
     staged: tuple[Shard, str] | None = None  # a candidate shard an actor staged (its weights): to score
     # Follow-up work for the reference; with no reference (left) the rows are written unscored.
     score: Score | None = None
@@ -132,23 +135,28 @@ class Work(ABC):
 @dataclass(frozen=True)
 class Generate(Work):
     """A shard's prompts through the target; a candidate's rows then go to the reference to score.
-    With a `sink` the actor stores them itself (fleet/results/direct.py) and only says where."""
+    With a `sink` the actor stores them itself (`DirectSink`) and only says where, or encodes them
+    (`PackSink`) for the driver to store; without, it hands back its tables."""
 
     shard: Shard
-    sink: DirectSink | None = field(default=None, compare=False, repr=False)
+    sink: DirectSink | PackSink | None = field(default=None, compare=False, repr=False)
 
     def submit(self, slot: SlotView) -> tuple[Any, float]:
         if self.sink is not None:
             return slot.handle.generate_to.remote(self.shard, self.sink), slot.manifest.run.shard_timeout_s
         return slot.handle.generate.remote(self.shard), slot.manifest.run.shard_timeout_s
 
-    def on_result(self, slot: SlotView, result: Generation | Written) -> Effects:
-        bad = result.non_finite if isinstance(result, Written) else non_finite(result.tokens)
+    def on_result(self, slot: SlotView, result: Generation | Written | Packed) -> Effects:
+        bad = result.non_finite if isinstance(result, Written | Packed) else non_finite(result.tokens)
         failed = f"non-finite logprobs in shard {self.shard.shard_id}" if bad else None
         if isinstance(result, Written):  # stored by the actor: the reference's ready to commit
             if result.files:
                 return Effects(committed=ShardFiles(result), target_failed=failed)
             return Effects(staged=(self.shard, result.weights), target_failed=failed)
+        if isinstance(result, Packed):  # encoded by the actor: the reference's whole, to commit
+            if result.whole:
+                return Effects(committed=ShardFiles(result), target_failed=failed)
+            return Effects(score=Score(self.shard, result, sink=self.sink), target_failed=failed)
         if slot.target.name == slot.manifest.reference:
             return Effects(shard=ShardRows(result, result.tokens), target_failed=failed)
         return Effects(score=Score(self.shard, result), target_failed=failed)
@@ -159,17 +167,29 @@ class Generate(Work):
 
 @dataclass(frozen=True)
 class Score(Work):
-    """A candidate's shard scored by the reference (teacher forcing), then written with its columns."""
+    """A candidate's shard scored by the reference (teacher forcing), then written with its columns.
+    Rows its actor encoded (`Packed`) go to the reference's actor whole, which scores, joins,
+    summarises and encodes them there (fleet/results/packed.py): the driver only stores the bytes."""
 
     shard: Shard
-    gen: Generation  # the candidate's rows
+    gen: Generation | Packed  # the candidate's rows
+    sink: DirectSink | PackSink | None = field(default=None, compare=False, repr=False, kw_only=True)  # the Packed's
 
     def submit(self, slot: SlotView) -> tuple[Any, float]:
-        call = slot.handle.score.remote(self.gen.requests, **_score_options(slot.manifest, self.shard))
-        return call, slot.manifest.run.shard_timeout_s
+        options = _score_options(slot.manifest, self.shard)
+        if isinstance(self.gen, Packed):
+            return slot.handle.score_stored.remote(self.sink, self.gen, **options), slot.manifest.run.shard_timeout_s
+        return slot.handle.score.remote(self.gen.requests, **options), slot.manifest.run.shard_timeout_s
 
-    def on_result(self, slot: SlotView, result: pa.Table) -> Effects:
-        return Effects(shard=ShardRows(self.gen, join_scores(self.gen.tokens, result)))
+    def on_result(self, slot: SlotView, result: pa.Table | Packed) -> Effects:
+        if isinstance(result, Packed):
+            return Effects(committed=ShardFiles(result))
+        return Effects(shard=ShardRows(self.rows, join_scores(self.rows.tokens, result)))
+
+    @property
+    def rows(self) -> Generation:
+        """The candidate's rows as tables (an encoded shard's read back: it is not stored as encoded)."""
+        return self.gen.generation() if isinstance(self.gen, Packed) else self.gen
 
     def on_abandon(self, slot: SlotView, reason: str) -> Effects:
         # The candidate's own rows stand; record that they lack the reference's columns.
@@ -178,7 +198,8 @@ class Score(Work):
     @property
     def unscored(self) -> ShardRows:
         """The candidate's own rows, without the reference's columns."""
-        return ShardRows(self.gen, self.gen.tokens)
+        rows = self.rows
+        return ShardRows(rows, rows.tokens)
 
     # Taking turns, its rows wait for the reference on disk (fleet/results/staging.py); False: in
     # the reference's queue, for its next turn (a few rows, nothing a resume needs).
@@ -200,21 +221,21 @@ class ScoreStaged(Work):
     shard: Shard
     weights: str  # what its rows are staged under
     staging: Staging = field(compare=False, repr=False)
-    sink: DirectSink | None = field(default=None, compare=False, repr=False)
+    sink: DirectSink | PackSink | None = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:
         return "score"
 
     def submit(self, slot: SlotView) -> tuple[Any, float]:
-        if self.sink is not None:
+        if isinstance(self.sink, DirectSink):
             options = _score_options(slot.manifest, self.shard)
-            call = slot.handle.score_staged.remote(self.sink, self.shard.shard_id, self.weights, **options)
+            call = slot.handle.score_stored.remote(self.sink, (self.shard.shard_id, self.weights), **options)
             return call, slot.manifest.run.shard_timeout_s
         return self._score().submit(slot)
 
-    def on_result(self, slot: SlotView, result: pa.Table | Written) -> Effects:
-        if isinstance(result, Written):
+    def on_result(self, slot: SlotView, result: pa.Table | Written | Packed) -> Effects:
+        if isinstance(result, Written | Packed):
             return Effects(committed=ShardFiles(result, then=self._drop))
         return self._dropped_once_written(self._score().on_result(slot, result))
 
@@ -222,6 +243,8 @@ class ScoreStaged(Work):
         return self._dropped_once_written(self._score().on_abandon(slot, reason))
 
     def _score(self) -> Score:
+        if self.sink is not None:  # a PackSink: its bytes go to the reference's actor as they are
+            return Score(self.shard, self.staging.packed(self.shard.shard_id, self.weights), sink=self.sink)
         return Score(self.shard, self.staging.get(self.shard.shard_id, self.weights))
 
     @property

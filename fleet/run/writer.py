@@ -1,7 +1,8 @@
 """Writing shards on threads beside the dispatch loop: pyarrow and fsync release the GIL, so
 dispatch goes on while Parquet is encoded and synced. A run ends only when every write has.
-A shard its actor stored itself (fleet/results/direct.py) is committed here the same way: its
-files moved into the tables, its shards row written last."""
+A shard its actor stored itself (fleet/results/direct.py) or encoded (fleet/results/packed.py) is
+committed here the same way: its files moved into the tables, or its bytes stored there, its shards
+row written last."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from fleet.results import prompt_rows
+from fleet.results.packed import WHOLE, Packed
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -68,13 +70,17 @@ class ShardWriter:
         self._submit(write)
 
     def commit(self, files: ShardFiles) -> None:
-        """Commit a shard an actor stored: its files into the tables, then its shards row, which
-        marks it complete exactly as `write` does (a driver killed before it: --resume redoes it)."""
+        """Commit a shard an actor stored or encoded: its files into the tables, then its shards
+        row, which marks it complete exactly as `write` does (a driver killed before it: --resume redoes it)."""
         written = files.written
 
         def commit() -> None:
-            for ready in written.files:
-                self.store.move_in(ready)
+            if isinstance(written, Packed):
+                for table in WHOLE:
+                    self.store.put_encoded(table, written.shard_id, *written.files[table])
+            else:
+                for ready in written.files:
+                    self.store.move_in(ready)
             self.store.write("shards", written.shard_id, written.shard)
             if files.then is not None:
                 files.then()
