@@ -9,11 +9,12 @@ benchmarks' rule, benchmarks/_common.py). Printed per round, CPU seconds of the 
   - the prompt file's check (manifest load), and Python's cycle collections before the dispatch loop;
   - the dispatch loop and its writes (all threads, from the loop's start to its end): what the
     1M token rows/s goal of issue 23.2 asks one driver core to take, so <= 1 s per M rows;
-  - of which the writer threads (prompt_stats, Parquet encoding, fsync) and the main thread's
-    dispatch (Ray's calls, their arguments serialised and results deserialised, the scores' join);
+  - of which the writer threads (storing the files, fsync; before 76a4925 also prompt_stats and
+    the Parquet encoding) and the main thread's dispatch (Ray's calls, their arguments serialised
+    and results deserialised; before 76a4925 also the scores' join);
   - the whole process (imports, Ray's start and shutdown included).
 
-    .venv/bin/python benchmarks/driver_account.py [--before 87cae35] [--prompts 200000] [--rounds 4]
+    .venv/bin/python benchmarks/driver_account.py [--before 188e0c6] [--prompts 200000] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-# The driver path as its second pass on issue 23.2 left it (docs/measurements.md).
-BEFORE = "87cae35"
+# The driver path as its third pass on issue 23.2 left it, the driver encoding every row (docs/measurements.md).
+BEFORE = "188e0c6"
 
 
 def thread_cpu() -> dict[str, float]:

@@ -67,23 +67,29 @@ class PackSink:
     reference: str
 
     def generated(self, gen: Generation) -> Packed:
-        whole = gen.shard.column("target")[0].as_py() == self.reference
-        return self.pack(gen, whole=whole)
+        rows = {"requests": gen.requests, "tokens": gen.tokens}
+        if gen.shard.column("target")[0].as_py() == self.reference:  # whole: its prompt_stats too
+            rows["prompt_stats"] = prompt_rows.summarize(gen.tokens)
+        return self._packed(gen.shard, gen.tokens, self._encoded(rows))
 
     def scored(self, stored: Packed, score: Callable[[pa.Table], pa.Table]) -> Packed:
-        """A candidate's shard, scored here by the reference's engine (`score`: requests -> SCORES rows)."""
+        """A candidate's shard, scored here by the reference's engine (`score`: requests -> SCORES
+        rows), whole; its requests file as the candidate's actor encoded it."""
         gen = stored.generation()
-        return self.pack(Generation(gen.requests, join_scores(gen.tokens, score(gen.requests)), gen.shard), whole=True)
+        tokens = join_scores(gen.tokens, score(gen.requests))
+        files = self._encoded({"tokens": tokens, "prompt_stats": prompt_rows.summarize(tokens)})
+        return self._packed(gen.shard, tokens, {"requests": stored.files["requests"], **files})
 
-    def pack(self, gen: Generation, *, whole: bool) -> Packed:
-        """`gen`'s tables encoded; `whole`: its prompt_stats too, summarised from its token rows."""
-        rows = {"requests": gen.requests, "tokens": gen.tokens}
-        if whole:
-            rows["prompt_stats"] = prompt_rows.summarize(gen.tokens)
+    def _encoded(self, rows: dict[str, pa.Table]) -> dict[str, tuple[str, bytes]]:
+        """Each table as stored (its run id in every row) and encoded, with the weights it goes under."""
         files = {}
         for table, data in rows.items():
             data = stamped(table, data, self.run_id)
             weights = data.column("model_weights")[0].as_py() if data.num_rows else "none"
             files[table] = (str(weights), encoded(data).to_pybytes())
-        shard_id = gen.shard.column("shard_id")[0].as_py()
-        return Packed(shard_id, gen.shard, files, gen.tokens.num_rows, non_finite(gen.tokens))
+        return files
+
+    @staticmethod
+    def _packed(shard: pa.Table, tokens: pa.Table, files: dict[str, tuple[str, bytes]]) -> Packed:
+        shard_id = shard.column("shard_id")[0].as_py()
+        return Packed(shard_id, shard, files, tokens.num_rows, non_finite(tokens))
