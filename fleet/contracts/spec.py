@@ -51,7 +51,8 @@ class RunOptions(Strict):
     max_attempts: int = Field(3, ge=1, le=100, description="Tries per shard before it is recorded as failed.")
     write: Literal["driver", "actors", "auto"] = Field(
         "auto",
-        description="Who writes a shard's Parquet: the driver (every row passes through it), or the engine actors "
+        description="Who writes a shard's Parquet: the driver (the actors hand it each shard's files encoded, so "
+        "every row's bytes pass through it), or the engine actors "
         "into a shared results store, handing the driver only where the files wait, committed by it "
         "(docs/cluster.md). auto: the actors when the results root is an object store (s3://), or the cluster has "
         "more than one node and the results directory is on a network file system; else the driver.",
