@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleet.results.direct import DirectSink, actor_env
+from fleet.results.packed import PackSink
 from fleet.results.staging import Staging
 from fleet.results.store import now
 from fleet.run import idle_actors
@@ -47,7 +48,6 @@ from fleet.run.work import Generate
 from fleet.run.writer import ShardWriter
 
 if TYPE_CHECKING:
-    from fleet.results.packed import PackSink
     from fleet.results.store import RunStore
     from fleet.run.manifest import Manifest
     from fleet.run.plan import ModelPlan
@@ -71,8 +71,8 @@ class Loop:
         sink: DirectSink | PackSink | None = None,
     ) -> None:
         """`gates_of` is what `after:` checks beside failures (None: failures only). `sink`: the
-        actors store their shards themselves (`DirectSink`) or encode them (`PackSink`), and the
-        loop commits them; None: they hand back tables, which the loop summarises and stores."""
+        actors store their shards themselves (`DirectSink`) or encode them (`PackSink`, the
+        default), and the loop commits them."""
         self.manifest, self.bar, self.outcome = manifest, bar, Outcome()
         self.reservation = reservation(manifest, cluster)
         self.free = dict(cluster)
@@ -96,7 +96,7 @@ class Loop:
                 take_turns=note is not None,
                 staging=self.staging,
                 staged=staged,
-                sink=sink,
+                sink=sink or PackSink(store.run_id, manifest.reference),
                 env=actor_env(store) if isinstance(sink, DirectSink) else None,
                 idle=self.idle,
             )

@@ -147,7 +147,7 @@ class AdmittedModel:
         take_turns: bool = False,
         staging: Staging | None = None,
         staged: dict[str, str] | None = None,
-        sink: DirectSink | PackSink | None = None,
+        sink: DirectSink | PackSink,
         env: dict[str, str] | None = None,
         idle: IdleActors | None = None,
     ) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from fleet.results.direct import DirectSink, Written
 from fleet.results.packed import Packed
-from fleet.results.scores import join_scores, non_finite
+from fleet.results.scores import join_scores
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -135,31 +135,24 @@ class Work(ABC):
 @dataclass(frozen=True)
 class Generate(Work):
     """A shard's prompts through the target; a candidate's rows then go to the reference to score.
-    With a `sink` the actor stores them itself (`DirectSink`) and only says where, or encodes them
-    (`PackSink`) for the driver to store; without, it hands back its tables."""
+    The actor stores them itself (`DirectSink`) and only says where, or encodes them (`PackSink`)
+    for the driver to store."""
 
     shard: Shard
-    sink: DirectSink | PackSink | None = field(default=None, compare=False, repr=False)
+    sink: DirectSink | PackSink = field(compare=False, repr=False)
 
     def submit(self, slot: SlotView) -> tuple[Any, float]:
-        if self.sink is not None:
-            return slot.handle.generate_to.remote(self.shard, self.sink), slot.manifest.run.shard_timeout_s
-        return slot.handle.generate.remote(self.shard), slot.manifest.run.shard_timeout_s
+        return slot.handle.generate_to.remote(self.shard, self.sink), slot.manifest.run.shard_timeout_s
 
-    def on_result(self, slot: SlotView, result: Generation | Written | Packed) -> Effects:
-        bad = result.non_finite if isinstance(result, Written | Packed) else non_finite(result.tokens)
-        failed = f"non-finite logprobs in shard {self.shard.shard_id}" if bad else None
+    def on_result(self, slot: SlotView, result: Written | Packed) -> Effects:
+        failed = f"non-finite logprobs in shard {self.shard.shard_id}" if result.non_finite else None
         if isinstance(result, Written):  # stored by the actor: the reference's ready to commit
             if result.files:
                 return Effects(committed=ShardFiles(result), target_failed=failed)
             return Effects(staged=(self.shard, result.weights), target_failed=failed)
-        if isinstance(result, Packed):  # encoded by the actor: the reference's whole, to commit
-            if result.whole:
-                return Effects(committed=ShardFiles(result), target_failed=failed)
-            return Effects(score=Score(self.shard, result, sink=self.sink), target_failed=failed)
-        if slot.target.name == slot.manifest.reference:
-            return Effects(shard=ShardRows(result, result.tokens), target_failed=failed)
-        return Effects(score=Score(self.shard, result), target_failed=failed)
+        if result.whole:  # encoded by the actor: the reference's, to commit
+            return Effects(committed=ShardFiles(result), target_failed=failed)
+        return Effects(score=Score(self.shard, result, sink=self.sink), target_failed=failed)
 
     def on_abandon(self, slot: SlotView, reason: str) -> Effects:
         return Effects(failed_shard=(self.shard.shard_id, reason), progress=1)
@@ -213,10 +206,11 @@ class Score(Work):
 @dataclass(frozen=True)
 class ScoreStaged(Work):
     """A candidate's shard generated while the reference was down (its model's targets take
-    turns, or its actor stored it itself), scored as `Score` does from its stored rows
-    (fleet/results/staging.py), which go once it is committed. The rows are read when the call is
-    sent and again when its scores are in: the driver holds none of them in between, however many
-    shards wait. With a `sink` the reference reads, scores and stores them itself, the driver none."""
+    turns, or its actor stored it itself), scored from its stored rows (fleet/results/staging.py),
+    which go once it is committed. The reference's actor reads them itself (`DirectSink`), or is
+    handed their files' bytes, read when the call is sent (`PackSink`); either way it scores and
+    stores or encodes the shard, and the driver holds none of its rows in between, however many
+    shards wait. Without a sink it is only ever written unscored (`unscored`)."""
 
     shard: Shard
     weights: str  # what its rows are staged under
@@ -228,36 +222,27 @@ class ScoreStaged(Work):
         return "score"
 
     def submit(self, slot: SlotView) -> tuple[Any, float]:
-        if isinstance(self.sink, DirectSink):
-            options = _score_options(slot.manifest, self.shard)
-            call = slot.handle.score_stored.remote(self.sink, (self.shard.shard_id, self.weights), **options)
-            return call, slot.manifest.run.shard_timeout_s
-        return self._score().submit(slot)
+        assert self.sink is not None, "a staged shard without a sink is only written unscored"
+        shard_id, weights = self.shard.shard_id, self.weights
+        stored = (shard_id, weights) if isinstance(self.sink, DirectSink) else self.staging.packed(shard_id, weights)
+        call = slot.handle.score_stored.remote(self.sink, stored, **_score_options(slot.manifest, self.shard))
+        return call, slot.manifest.run.shard_timeout_s
 
-    def on_result(self, slot: SlotView, result: pa.Table | Written | Packed) -> Effects:
-        if isinstance(result, Written | Packed):
-            return Effects(committed=ShardFiles(result, then=self._drop))
-        return self._dropped_once_written(self._score().on_result(slot, result))
+    def on_result(self, slot: SlotView, result: Written | Packed) -> Effects:
+        return Effects(committed=ShardFiles(result, then=self._drop))
 
     def on_abandon(self, slot: SlotView, reason: str) -> Effects:
-        return self._dropped_once_written(self._score().on_abandon(slot, reason))
-
-    def _score(self) -> Score:
-        if self.sink is not None:  # a PackSink: its bytes go to the reference's actor as they are
-            return Score(self.shard, self.staging.packed(self.shard.shard_id, self.weights), sink=self.sink)
-        return Score(self.shard, self.staging.get(self.shard.shard_id, self.weights))
+        # The candidate's own rows stand; record that they lack the reference's columns.
+        return Effects(shard=self.unscored, failed_shard=(self.shard.shard_id, f"unscored: {reason}"))
 
     @property
     def unscored(self) -> ShardRows:
         """Its stored rows without the reference's columns (there is no reference to score them)."""
-        return replace(self._score().unscored, then=self._drop)
+        gen = self.staging.get(self.shard.shard_id, self.weights)
+        return ShardRows(gen, gen.tokens, then=self._drop)
 
     def _drop(self) -> None:
         self.staging.drop(self.shard.shard_id, self.weights)
-
-    def _dropped_once_written(self, effects: Effects) -> Effects:
-        assert effects.shard is not None  # Score writes the shard, scored or not
-        return replace(effects, shard=replace(effects.shard, then=self._drop))
 
 
 def _score_options(manifest: Manifest, shard: Shard) -> dict[str, Any]:
