@@ -1,8 +1,8 @@
-"""Writing shards on threads beside the dispatch loop: pyarrow and fsync release the GIL, so
-dispatch goes on while Parquet is encoded and synced. A run ends only when every write has.
-A shard its actor stored itself (fleet/results/direct.py) or encoded (fleet/results/packed.py) is
-committed here the same way: its files moved into the tables, or its bytes stored there, its shards
-row written last."""
+"""Committing shards on threads beside the dispatch loop: file writes and fsync release the GIL,
+so dispatch goes on meanwhile. A run ends only when every write has. A shard's actor encoded it
+(fleet/results/packed.py: its bytes are stored) or stored it itself (fleet/results/direct.py: its
+files are moved into the tables); the rows the driver holds as tables, a candidate's left unscored,
+are summarised and encoded here. Every way, the shards row is written last."""
 
 from __future__ import annotations
 
