@@ -118,3 +118,37 @@ def test_a_staged_packed_shard_reads_back_as_it_was_put(
         assert back.generation().tokens.num_rows == rows.tokens.num_rows
         staging.drop(packed.shard_id, weights)
     assert sink.generated(empty).files["tokens"][0] == "none"
+
+
+def test_on_the_driver_path_the_driver_neither_summarises_nor_encodes_rows(
+    local_ray: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole run on the session's Ray (the test double's actors are processes of their own): in
+    the driver, summarising a shard fails and every table it encodes is recorded. The run completes,
+    every shard scored, and the driver encoded only `shards` rows and run-level tables."""
+    from conftest import DOUBLE_MANIFEST
+
+    from fleet.results import reader
+    from fleet.run import driver
+
+    def refused(tokens: pa.Table) -> pa.Table:
+        raise AssertionError("the driver summarised a shard")
+
+    encoded_here: list[str] = []
+    write = RunStore.write
+
+    def recorded(self: RunStore, table: str, *args: object, **kwargs: object) -> object:
+        encoded_here.append(table)
+        return write(self, table, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prompt_rows, "summarize", refused)
+    monkeypatch.setattr(RunStore, "write", recorded)
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(DOUBLE_MANIFEST)
+    run_dir, outcome = driver.run(manifest, results_dir=tmp_path / "results", run_id="packed", progress=False)
+    assert not outcome.failures and not outcome.failed_shards
+    assert set(encoded_here) <= {"shards"}, encoded_here
+    tokens = reader.load(run_dir)["tokens"].collect()
+    cand = tokens.filter(tokens["target"] == "cand")
+    assert cand.height > 0 and cand["ref_logprob"].null_count() == 0  # scored, in the reference's actor
+    assert reader.load(run_dir)["prompt_stats"].collect().height == 2 * 3  # 3 prompts, both targets
