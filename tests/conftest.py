@@ -18,6 +18,11 @@ from work_units import pytest_collection_modifyitems, pytest_xdist_make_schedule
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+# No idle Python workers prestarted in the suite's Rays (the session's, and the private ones the
+# tests' subprocesses start, which inherit this): fleet's actors each carry a runtime env, so none
+# would take such a worker, and each idle one costs ~1 % of a core for the whole session
+# (docs/measurements.md).
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 # The harness's own tests may name the test-double kind (fleet/contracts/backend_args.py).
 os.environ["FLEET_ALLOW_TEST_DOUBLE"] = "1"
 
