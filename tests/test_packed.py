@@ -28,16 +28,21 @@ from fleet.results.store import RunStore
 RUN_ID = "r1"
 
 
-@pytest.fixture
-def engines(tmp_path: Path) -> tuple[TestDoubleEngine, TestDoubleEngine]:
-    model = ResolvedModel(ModelSpec(name="m", source=SyntheticSource()), tmp_path, "w" * 16, None)
+def double_engines(where: Path) -> tuple[TestDoubleEngine, TestDoubleEngine]:
+    """A test-double reference and candidate of one model (no weights are read from `where`)."""
+    model = ResolvedModel(ModelSpec(name="m", source=SyntheticSource()), where, "w" * 16, None)
     sampling = Sampling(max_tokens=12, logprobs=3)
     ref = TestDoubleEngine(TestDoubleArgs(name="ref"), model, sampling=sampling)
     cand = TestDoubleEngine(TestDoubleArgs(name="cand", logprob_shift=0.01), model, sampling=sampling)
     return ref, cand
 
 
-def _shard(target: str, n: int = 40) -> Shard:
+@pytest.fixture
+def engines(tmp_path: Path) -> tuple[TestDoubleEngine, TestDoubleEngine]:
+    return double_engines(tmp_path)
+
+
+def shard_of(target: str, n: int = 40) -> Shard:
     return Shard("m", target, "p", 0, tuple(Prompt(id=f"q{i}", prompt=f"question {i}") for i in range(n)))
 
 
@@ -81,13 +86,13 @@ def test_packed_shards_store_what_the_driver_would_have_written(
     sink = PackSink(RUN_ID, reference="ref")
     by_driver, by_actors = _store(tmp_path, "driver"), _store(tmp_path, "actors")
 
-    own = ref.generate(_shard("ref"))
+    own = ref.generate(shard_of("ref"))
     _driver_wrote(by_driver, own, own.tokens)
     packed = sink.generated(own)
     assert packed.whole and packed.tokens == own.tokens.num_rows and not packed.non_finite
     _committed(by_actors, packed)
 
-    gen = cand.generate(_shard("cand"))
+    gen = cand.generate(shard_of("cand"))
     _driver_wrote(by_driver, gen, join_scores(gen.tokens, ref.score(gen.requests, k=3)))
     generated = sink.generated(gen)
     assert not generated.whole and set(generated.files) == {"requests", "tokens"}
@@ -106,7 +111,7 @@ def test_a_staged_packed_shard_reads_back_as_it_was_put(
     reference's actor from there, the same bytes; an empty table keeps its own weights ("none")."""
     _, cand = engines
     store, sink = _store(tmp_path, "run"), PackSink(RUN_ID, reference="ref")
-    gen = cand.generate(_shard("cand"))
+    gen = cand.generate(shard_of("cand"))
     empty = Generation(gen.requests, gen.tokens.slice(0, 0), gen.shard)
     for rows in (gen, empty):
         packed = sink.generated(rows)

@@ -131,6 +131,32 @@ def test_staging_on_s3(s3: str) -> None:
     assert sorted(objects(f"{s3}/staged")) == ["bucket/prefix/staged/run.json"]
 
 
+def test_packed_shards_on_s3(s3: str, tmp_path: Path) -> None:
+    """The driver path to an object store (`run.write: driver`): a shard the actors encoded is
+    stored in one PUT per file and staged as bytes (tests/test_packed.py, locally)."""
+    from test_packed import double_engines, shard_of
+
+    from fleet.results.packed import WHOLE, PackSink
+    from fleet.results.staging import Staging
+
+    ref, cand = double_engines(tmp_path)
+    run = RunStore.create(f"{s3}/packed", {"run_id": "packed"})
+    whole = PackSink("packed", reference="ref").generated(ref.generate(shard_of("ref", 4)))
+    for table in WHOLE:
+        run.put_encoded(table, whole.shard_id, *whole.files[table])
+    run.write("shards", whole.shard_id, whole.shard)
+    assert run.completed_shards() == {"m/ref/p/00000"}
+    t = {name: frame.collect() for name, frame in reader.load(f"{s3}/packed").items()}
+    assert t["tokens"].height == whole.tokens > 0 and set(t["tokens"]["run_id"]) == {"packed"}
+    assert t["prompt_stats"].height == t["requests"].height == 4
+    staged = PackSink("packed", reference="ref").generated(cand.generate(shard_of("cand", 2)))
+    staging = Staging(run)
+    weights = staging.put(staged)
+    assert staging.packed(staged.shard_id, weights).files == staged.files
+    staging.drop(staged.shard_id, weights)
+    assert not [key for key in objects(f"{s3}/packed") if "/.staging/" in key]
+
+
 def test_endpoint_knobs(s3: str, monkeypatch: pytest.MonkeyPatch) -> None:
     RunStore.create(f"{s3}/knobs", {"run_id": "knobs"})
     endpoint, nowhere = os.environ["FLEET_S3_ENDPOINT"], "http://127.0.0.1:1"
