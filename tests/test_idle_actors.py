@@ -195,3 +195,35 @@ def test_a_models_client_actors_hold_cpus_no_other_model_takes(monkeypatch: pyte
     sent = [entry[1] for entry in cluster.log if entry[0] == "send"]
     first, second = sent[0], next(m for m in sent if m != sent[0])
     assert max(i for i, m in enumerate(sent) if m == first) < sent.index(second), "the models overlapped"
+
+
+def test_a_models_own_targets_leave_its_clients_cpus_free(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Where a model's targets and a level's client actors do not all fit at once, its candidates
+    run one at a time beside the reference, so that when the level is sent only its target and the
+    reference hold CPUs: the clients' are free (a second candidate started into them left the
+    clients waiting until they timed out)."""
+    from fleet.run.manifest_file import load
+    from fleet.run.placement import add, client_cpus, engines, footprint, reservation
+
+    manifest = MANIFEST.replace("  - {name: c2, kind: vllm, dtype: float32}\n", "").replace(
+        '  - {name: c3, kind: vllm, env: {SOME_FLAG: "1"}}\n  - {name: c4, kind: vllm}\n',
+        '  - {name: ep, kind: endpoint, base_url: "http://127.0.0.1:9/v1"}\n',
+    )
+    manifest = manifest.replace("shard_size: 2", "shard_size: 1")  # c1 has work left when ep's level is ready
+    manifest += (
+        "perf:\n  - {name: spread, concurrency: [2], input_tokens: 4, output_tokens: 2, num_requests: 2, "
+        "clients: 2, targets: [ep]}\n"
+    )
+    (tmp_path / "m.yaml").write_text(manifest)
+    m = load(tmp_path / "m.yaml")
+    targets = add(*(footprint(t) for t in m.targets))  # ref, c1 and ep: 3 CPUs
+    room = {"CPU": targets["CPU"] + 1}  # all three targets, or the clients' 2 CPUs beside two of them
+    reserved = reservation(m, room)
+    assert add(engines(m, reserved), client_cpus(m)) == reserved == room
+    cluster = Cluster(resources=room, slow={("m1", "c1", "generate"): 50})
+    for name, module in fake_ray(cluster).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    _, _, info = run(tmp_path, manifest)
+    assert info["status"] == "complete"
+    [(sent, live)] = [(key, live) for key, live in cluster.live_at_perf if key[1] == "ep"]
+    assert live == ["ep", "ref"], f"{sent} was sent with {live} up: the clients' CPUs were taken"

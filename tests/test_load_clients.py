@@ -102,16 +102,27 @@ def test_clients_need_a_target_other_processes_reach() -> None:
 
 
 def test_clients_that_cannot_fit_beside_their_target_are_refused_before_the_run() -> None:
-    """A level's client actors hold their CPUs beside the target's own: where the cluster has fewer
-    in all, the run is refused before anything starts (not 120 s into the level)."""
+    """A level's client actors hold their CPUs beside the target's own, and beside the reference's,
+    which is up while its candidates run: where the cluster has fewer in all, the run is refused
+    before anything starts (not 120 s into the level). Taking turns, the reference is down meanwhile."""
     from fleet.run.placement import check_fits, footprint
 
     manifest = _manifest(concurrency=[4], num_requests=4, clients=3, client_cpus=1, targets=["ep"])
     m = Manifest.model_validate(manifest)
-    need = footprint(m.target("ep"))["CPU"] + 3
-    with pytest.raises(RuntimeError, match=rf"perf\[0\] 's': target 'ep' and its 3 client actors of 1 CPUs need "
-                       rf"\{{'CPU': {need:g}\}} at once; the cluster has \{{'CPU': {need - 1:g}\}}"):  # fmt: skip
+    need = footprint(m.target("ep"))["CPU"] + footprint(m.target("v"))["CPU"] + 3
+    said = (
+        rf"perf\[0\] 's': target 'ep' beside the reference 'v' and its 3 client actors of 1 CPUs need "
+        rf"\{{'CPU': {need:g}\}} at once; the cluster has \{{'CPU': {need - 1:g}\}}"
+    )
+    with pytest.raises(RuntimeError, match=said):
         check_fits(m, {"CPU": need - 1})
     check_fits(m, {"CPU": need})
     manifest["perf"][0]["client_cpus"] = 0
     check_fits(Manifest.model_validate(manifest), {"CPU": need - 1})
+    manifest["perf"][0]["client_cpus"] = 1
+    ep = footprint(m.target("ep"))["CPU"]
+    manifest["targets"][0]["num_cpus"] = ep + 3  # the reference does not fit beside ep: they take turns
+    check_fits(Manifest.model_validate(manifest), {"CPU": ep + 3})  # ep and its clients, the reference down
+    manifest["targets"][0]["num_cpus"] = ep + 2
+    with pytest.raises(RuntimeError, match=r"target 'ep' and its 3 client actors"):
+        check_fits(Manifest.model_validate(manifest), {"CPU": ep + 2.5})

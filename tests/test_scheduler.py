@@ -92,6 +92,8 @@ class Cluster:
     made: list[Actor] = field(default_factory=list)  # every actor started, in order
     # Each perf call as sent, with the actors then kept idle (shut down, not killed, not reused).
     idle_at_perf: list[tuple[tuple[str, ...], list[int]]] = field(default_factory=list)
+    # Each perf call as sent, with the targets whose actors were then up (not idle, not killed).
+    live_at_perf: list[tuple[tuple[str, ...], list[str]]] = field(default_factory=list)
 
 
 class DriverKilled(BaseException):
@@ -129,6 +131,7 @@ class Method:
             actor.idle = True
         if self.name == "perf":
             cluster.idle_at_perf.append((key, [a.id for a in cluster.made if a.idle and not a.dead]))
+            cluster.live_at_perf.append((key, sorted(a.target.name for a in cluster.made if not (a.idle or a.dead))))
         if key[:3] == cluster.kill_at:
             raise DriverKilled(key)
 

@@ -149,19 +149,30 @@ def reservation(manifest: Manifest, cluster: dict[str, float]) -> dict[str, floa
     """What one model holds while it runs: every target at once when the cluster could ever fit
     that; else the reference plus the largest candidate (candidates then take turns beside it);
     else, taking turns with the reference, the largest single target. And beside them the CPUs of
-    its largest perf level's client actors, which no other model may take meanwhile."""
+    its largest perf level's client actors, which no other model, nor its own targets, may take
+    meanwhile (`engines` is what its targets may hold)."""
+    clients = client_cpus(manifest)
     ref = footprint(manifest.target(manifest.reference))
     everything = add(*(footprint(t) for t in manifest.targets))
-    if fits(everything, cluster):
-        return add(everything, _clients(manifest))
+    if fits(add(everything, clients), cluster):
+        return add(everything, clients)
     if takes_turns(manifest, cluster):
-        return add(_largest([footprint(t) for t in manifest.targets]), _clients(manifest))
+        return add(_largest([footprint(t) for t in manifest.targets]), clients)
     pairs = [add(ref, footprint(t)) for t in manifest.targets if t.name != manifest.reference] or [ref]
-    return add(_largest(pairs), _clients(manifest))
+    return add(_largest(pairs), clients)
 
 
-def _clients(manifest: Manifest) -> dict[str, float]:
-    """The most CPUs one perf level's client actors hold at once (Scenario.client_actor_cpus)."""
+def engines(manifest: Manifest, reserved: dict[str, float]) -> dict[str, float]:
+    """What a model's targets may hold at once of its reservation `reserved`: all but its perf
+    client actors' CPUs, which stay free for them (a candidate started into them would leave a
+    level's clients waiting until they time out)."""
+    clients = client_cpus(manifest)
+    return {k: v - clients.get(k, 0.0) for k, v in reserved.items()}
+
+
+def client_cpus(manifest: Manifest) -> dict[str, float]:
+    """The most CPUs one perf level's client actors hold at once (Scenario.client_actor_cpus), as
+    cluster_resources() keys (none without such a level)."""
     most = max((s.client_actor_cpus for s in manifest.perf), default=0.0)
     return {"CPU": most} if most > 0 else {}
 
@@ -199,7 +210,11 @@ def check_fits(manifest: Manifest, cluster: dict[str, float], nodes: list[dict[s
 
 def _check_clients(manifest: Manifest, cluster: dict[str, float]) -> None:
     """A perf level spread over client actors (Scenario.clients) holds their CPUs beside its target's
-    own: where the cluster has fewer in all, the clients could only time out, after the parity work."""
+    own, and beside the reference's unless the model takes turns (the reference is up while its
+    candidates run): where the cluster has fewer in all, the clients could only time out, after the
+    parity work."""
+    ref = manifest.target(manifest.reference)
+    beside = [] if takes_turns(manifest, cluster) else [ref]
     for i, scenario in enumerate(manifest.perf):
         if scenario.client_actor_cpus <= 0:
             continue
@@ -207,11 +222,13 @@ def _check_clients(manifest: Manifest, cluster: dict[str, float]) -> None:
         for target in manifest.targets:
             if not target.can("perf") or (scenario.targets is not None and target.name not in scenario.targets):
                 continue
-            want = add(footprint(target), clients)
+            up = [target, *(t for t in beside if t.name != target.name)]
+            want = add(*(footprint(t) for t in up), clients)
             if not fits(want, cluster):
+                also = f" beside the reference {ref.name!r}" if len(up) > 1 else ""
                 msg = (
-                    f"perf[{i}] {scenario.name!r}: target {target.name!r} and its {scenario.clients} client actors of "
-                    f"{scenario.client_cpus:g} CPUs need {{'CPU': {want['CPU']:g}}} at once; the cluster has "
+                    f"perf[{i}] {scenario.name!r}: target {target.name!r}{also} and its {scenario.clients} client "
+                    f"actors of {scenario.client_cpus:g} CPUs need {{'CPU': {want['CPU']:g}}} at once; the cluster has "
                     f"{{'CPU': {cluster.get('CPU', 0.0):g}}}: lower clients or client_cpus (0: the clients share the "
                     "cores the target leaves), or add nodes"
                 )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from fleet.run.drill import Drill
 from fleet.run.idle_actors import IdleActors, free_ray, shape
 from fleet.run.perf_work import Perf
-from fleet.run.placement import add, fits, footprint, reserve
+from fleet.run.placement import add, engines, fits, footprint, reserve
 from fleet.run.target_work import Describe, Probe, Smoke
 from fleet.run.work import Generate, Score, ScoreStaged, Work
 
@@ -156,6 +156,7 @@ class AdmittedModel:
         (fleet/results/packed.py); `env`: what they need to store them.
         `idle`: actors kept between targets, shared by the run's models."""
         self.model, self.manifest, self.reservation = model, manifest, reservation
+        self.engines = engines(manifest, reservation)  # what its targets may hold: not its clients' CPUs
         self.take_turns, self.staging, self.sink = take_turns, staging, sink
         self.reference_failed = False  # its actor could not start: candidates' rows stay unscored
         # Why target `name` of this model did not pass (None: it did): what `after:` waits on. It is
@@ -237,7 +238,7 @@ class AdmittedModel:
                 if why is not None:
                     self.skipped[self.waiting.popleft()] = f"not run: {nxt.after} did not pass ({why})"
                     continue
-            if self.running and not fits(add(held, footprint(nxt)), self.reservation):
+            if self.running and not fits(add(held, footprint(nxt)), self.engines):
                 break
             self._launch(self.waiting.popleft())
         ref = self.slots[self.ref]
