@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from fleet.contracts.engine import Generation
 from fleet.results import prompt_rows
 from fleet.results.scores import join_scores, non_finite
-from fleet.results.store import encoded, stamped
+from fleet.results.store import encoded, stamped, stored_under
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -85,8 +85,7 @@ class PackSink:
         files = {}
         for table, data in rows.items():
             data = stamped(table, data, self.run_id)
-            weights = data.column("model_weights")[0].as_py() if data.num_rows else "none"
-            files[table] = (str(weights), encoded(data).to_pybytes())
+            files[table] = (stored_under(data), encoded(data).to_pybytes())
         return files
 
     @staticmethod

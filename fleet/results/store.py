@@ -130,7 +130,7 @@ class RunStore:
         `staged`: in the staging area, uncommitted (fleet/results/staging.py); `area`: under that
         directory of the run (READY: waiting for the driver's commit, fleet/results/direct.py)."""
         data = stamped(table, data, self.run_id)
-        weights = data.column("model_weights")[0].as_py() if data.num_rows else "none"
+        weights = stored_under(data)
         path = self.path(table, shard_id, weights, staged=staged, area=area)
         # The names in it are validated already; this is the guard that the layout stays in the run.
         inside(self.root, path, what=f"{table} rows of {shard_id[:200]}", local=self.local)
@@ -245,6 +245,12 @@ def stamped(table: str, data: pa.Table, run_id: str) -> pa.Table:
     """`data` as stored in `table`: conformed to its declared schema, every row carrying `run_id`."""
     data = schema.conform(data, stored_tables.all_tables()[table])
     return data.set_column(0, "run_id", pa.repeat(pa.scalar(run_id, pa.string()), data.num_rows))
+
+
+def stored_under(data: pa.Table) -> str:
+    """The weights directory a shard's rows of one table go under: their model's, or "none" for no
+    rows (an empty table has none to take them from)."""
+    return str(data.column("model_weights")[0].as_py()) if data.num_rows else "none"
 
 
 def encoded(data: pa.Table) -> pa.Buffer:
