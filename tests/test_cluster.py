@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from fleet.contracts.errors import UserError
@@ -168,23 +169,80 @@ SCRIPT = textwrap.dedent(
     seen = ray.get(probe.hand_over.remote(), timeout=300)
     seen["fleet_pg"] = pg.id.hex()
     print(json.dumps({"nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]], "failures": pp.failures,
-                      "hand_over": seen}))
+                      "hand_over": seen}), flush=True)
+
+    # Node loss: two nodes more, the only ones with `LOSS`. A candidate's shard hangs (its actor
+    # writes its pid to a marker), and the node holding that actor goes. First the other node has
+    # room; then the last `LOSS` node goes the same way, and a node joins only before --resume.
+    import threading, time
+    from ray.util.state import list_actors
+
+    def lose_node(marker):
+        while not marker.exists():
+            time.sleep(0.05)
+        pid = int(marker.read_text())
+        node = next(a.node_id for a in list_actors(detail=True, filters=[("state", "=", "ALIVE")]) if a.pid == pid)
+        cluster.remove_node(next(n for n in cluster.worker_nodes if n.node_id == node))
+
+    for _ in range(2):
+        cluster.add_node(num_cpus=1, resources={"LOSS": 2})
+    for run_id, manifest in zip(("room", "none"), sys.argv[4:6]):
+        marker = Path(manifest).parent / run_id / "hang-m_cand_p_00001"
+        killer = threading.Thread(target=lose_node, args=(marker,))
+        killer.start()
+        _, lost = driver.run(Path(manifest), results_dir=results, run_id=run_id, progress=False)
+        killer.join()
+        print(json.dumps({"loss": run_id, "retries": lost.retries, "failures": lost.failures}), flush=True)
+    cluster.add_node(num_cpus=1, resources={"LOSS": 2})
+    _, resumed = driver.resume(results / "none", progress=False)
+    print(json.dumps({"loss": "resumed", "retries": resumed.retries, "failures": resumed.failures}), flush=True)
     ray.shutdown()
     cluster.shutdown()
     """
 )
 
 
+# Targets that only the node-loss nodes can hold; the candidate's second shard hangs until its node goes.
+LOSS_MANIFEST = textwrap.dedent(
+    """
+    models:
+      - {{name: m, source: {{kind: synthetic, seed: 5}}}}
+    prompts:
+      p:
+        - {{id: a, prompt: "The capital of France is"}}
+        - {{id: b, prompt: "Quantum computing is"}}
+        - {{id: c, prompt: "Two plus two equals"}}
+    targets:
+      - {{name: ref, kind: test-double, num_cpus: 0.25, resources: {{LOSS: 1}}}}
+      - {{name: cand, kind: test-double, num_cpus: 0.25, resources: {{LOSS: 1}}, fault_dir: {faults},
+          hang_shards: [m/cand/p/00001]}}
+    reference: ref
+    sampling: {{max_tokens: 4, logprobs: 2}}
+    run: {{shard_size: 1, start_timeout_s: {start}}}
+    """
+)
+
+
+def loss_manifest(base: Path, run_id: str, *, start: float) -> Path:
+    (base / run_id).mkdir()
+    path = base / f"{run_id}.yaml"
+    path.write_text(LOSS_MANIFEST.format(faults=base / run_id, start=start))
+    return path
+
+
 @pytest.fixture(scope="module")
 def cluster_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
-    """Both runs on the one simulated cluster: (results directory, the script's output lines: the
-    3-model run's summary, then the two-node engine's)."""
+    """The runs on the one simulated cluster: (results directory, the script's output lines: the
+    3-model run's summary, the two-node engine's, then the node-loss runs')."""
     base = tmp_path_factory.mktemp("cluster")
     (base / "sim.py").write_text(SCRIPT)
     (base / "pp.yaml").write_text(PP_MANIFEST)
     results = base / "results"
+    # In the second loss run a target that no live node can hold waits 4 s for one (half its start timeout).
+    losses = [loss_manifest(base, "room", start=1800), loss_manifest(base, "none", start=8)]
+    args = [manifest(base, 3), base / "pp.yaml", results, *losses]
     proc = subprocess.run(
-        [sys.executable, str(base / "sim.py"), str(manifest(base, 3)), str(base / "pp.yaml"), str(results)],
+        [sys.executable, str(base / "sim.py"), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=900,
@@ -192,7 +250,11 @@ def cluster_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[s
     assert proc.returncode == 0, proc.stderr[-3000:]
     summaries = [line for line in proc.stdout.splitlines() if line.startswith('{"nodes"')]
     assert len(summaries) == 2, proc.stdout[-3000:]
-    return results, summaries
+    losses = [line for line in proc.stdout.splitlines() if line.startswith('{"loss"')]
+    assert len(losses) == 3, proc.stdout[-3000:]
+    assert "m/cand: no live node can hold it; waiting 4 s for one to join" in proc.stderr, proc.stderr[-3000:]
+    assert "timeout: m/cand describe" not in proc.stderr  # it failed after the grace, not its start timeout
+    return results, summaries + losses
 
 
 def test_an_engine_over_two_nodes_gets_one_bundle_per_card_and_vllm_takes_them(
@@ -222,6 +284,33 @@ def test_an_engine_over_two_nodes_gets_one_bundle_per_card_and_vllm_takes_them(
     other = (nodes - {seen["node"]}).pop()
     assert seen["rank_nodes"][8:] == [other] * 8
     assert sorted(seen["rank_bundles"]) == list(range(16))
+
+
+def test_a_lost_node_s_shards_rerun_elsewhere_or_fail_its_targets_and_resume(
+    cluster_runs: tuple[Path, list[str]],
+) -> None:
+    results, lines = cluster_runs
+    room, none, resumed = (json.loads(line) for line in lines[2:])
+    # Another node had room: the lost node's calls were retried there, and the run completed.
+    assert room["failures"] == {} and room["retries"] >= 1
+    assert_exactly_once(results / "room")
+    # None had: the candidate failed with why (not after run.start_timeout_s of waiting on nothing),
+    # the run ended partial, and --resume, once a node joined, finished it exactly once.
+    assert "no live node can hold it any more" in none["failures"]["m/cand"], none
+    assert "{'CPU': 0.25, 'LOSS': 1.0} on one node" in none["failures"]["m/cand"]
+    assert resumed["failures"] == {}
+    assert json.loads((results / "none" / "run.json").read_text())["status"] == "complete"
+    assert_exactly_once(results / "none")
+
+
+def assert_exactly_once(run_dir: Path) -> None:
+    tokens = pl.read_parquet(run_dir / "tokens" / "**" / "*.parquet")
+    assert tokens.group_by("target").agg(pl.col("prompt_id").n_unique()).sort("target").rows() == [
+        ("cand", 3),
+        ("ref", 3),
+    ]
+    assert tokens.select("target", "prompt_id", "position").is_duplicated().sum() == 0
+    assert tokens.filter(pl.col("target") == "cand")["ref_logprob"].null_count() == 0  # every row scored
 
 
 def test_multi_node_admission() -> None:

@@ -19,7 +19,8 @@ more than a small engine).
 
 Faults: a call that fails or outlives its timeout gets its actor replaced (engine processes go
 with it) and the shard retried, up to `run.max_attempts`; then the shard is recorded as failed
-and the run goes on. A target whose actor cannot start fails as a whole.
+and the run goes on. A target whose actor cannot start fails as a whole, as does one that no live
+node can hold any more, once it has waited a while for a node to join (fleet/run/lost_room.py).
 
 A `Work` item says what should follow its result or its abandonment (`Effects`); the loop hands
 every ended call to fleet/run/follow_up.py, the one place that applies it: rows stored, work
@@ -41,9 +42,10 @@ from fleet.results.staging import Staging
 from fleet.results.store import now
 from fleet.run import idle_actors
 from fleet.run.follow_up import FollowUp
+from fleet.run.lost_room import CHECK_EVERY_S, GRACE_S, LostRoom, unplaceable
 from fleet.run.outcome import GateCheck, Outcome, Verdicts
 from fleet.run.placement import fits, reservation, turns_note
-from fleet.run.slots import AdmittedModel
+from fleet.run.slots import ActorSlot, AdmittedModel
 from fleet.run.work import Generate
 from fleet.run.writer import ShardWriter
 
@@ -106,6 +108,7 @@ class Loop:
         self.active: list[AdmittedModel] = []
         self.calls: dict[Any, tuple[AdmittedModel, str]] = {}
         self.follow_up = FollowUp(self.outcome, store=store, writer=self.writer, staging=self.staging, bar=bar)
+        self.lost_room = LostRoom(min(GRACE_S, manifest.run.start_timeout_s / 2))
 
     def run(self) -> Outcome:
         """Run every model's plan: its shards, probes and perf levels (retrying faults); write what
@@ -123,9 +126,12 @@ class Loop:
                         msg = f"scheduler stalled with {[r.model.name for r in self.active]} unfinished"
                         raise RuntimeError(msg)
                     continue
+                self._check_room()
                 deadline = min(admitted.slots[name].current[2] for admitted, name in self.calls.values())  # type: ignore[index]
-                wait = None if deadline == math.inf else max(0.0, deadline - time.monotonic())
-                done, _ = ray.wait(list(self.calls), num_returns=1, timeout=wait)
+                wait = max(0.0, deadline - time.monotonic())
+                if self._starting():  # an actor waiting for room: is there still a node for it?
+                    wait = min(wait, CHECK_EVERY_S)
+                done, _ = ray.wait(list(self.calls), num_returns=1, timeout=None if wait == math.inf else wait)
                 if done:
                     self._handle(done[0])
                 else:
@@ -198,15 +204,34 @@ class Loop:
 
     def _expire(self) -> None:
         """A call past its deadline: kill the actor; the call then fails and takes the retry path."""
-        import ray
 
         now = time.monotonic()
         for admitted, name in list(self.calls.values()):
             slot = admitted.slots[name]
             if slot.current is not None and slot.current[2] <= now and slot.handle is not None:
                 self.bar.write(f"timeout: {admitted.model.name}/{name} {slot.current[1].label}; replacing the actor")
-                ray.kill(slot.handle, no_restart=True)
-                slot.current = (slot.current[0], slot.current[1], math.inf)  # wait for the error now
+                self._kill(slot)
+
+    @staticmethod
+    def _kill(slot: ActorSlot) -> None:
+        """Kill the slot's actor; its call then fails and takes the retry (or give-up) path."""
+        import ray
+
+        ray.kill(slot.handle, no_restart=True)
+        slot.current = (slot.current[0], slot.current[1], math.inf)  # type: ignore[index]  # wait for the error now
+
+    def _starting(self) -> dict[str, tuple[AdmittedModel, str]]:
+        """The slots whose actor is starting (its Describe in flight), by target key."""
+        calls = self.calls.values()
+        return {f"{a.model.name}/{n}": (a, n) for a, n in calls if a.slots[n].current[1].starts_actor}  # type: ignore[index]
+
+    def _check_room(self) -> None:
+        """Stop the starting actor of a target that no live node could hold for the grace period
+        (fleet/run/lost_room.py); its Describe then fails, and with it the target."""
+        starting = self._starting()
+        for key in self.lost_room.homeless({k: a.slots[n].target for k, (a, n) in starting.items()}, self.bar.write):
+            admitted, name = starting[key]
+            self._kill(admitted.slots[name])
 
     def _handle(self, call: Any) -> None:
         import ray
@@ -257,8 +282,11 @@ class Loop:
             slot.launch(reuse=False)
             return
         if work.starts_actor or not slot.alive:
-            # The actor could not start (the model does not load, no such device...): the whole
-            # target fails; its candidates' rows are written unscored if it was the reference.
+            # The actor could not start (the model does not load, no such device, its node was lost
+            # and no other has room...): the whole target fails; its candidates' rows are written
+            # unscored if it was the reference.
+            if work.starts_actor:
+                reason = unplaceable(slot.target) or reason
             self._give_up(admitted, name, reason, failed=True, work=[work])
             admitted.release(name)
             for n in list(admitted.running):
@@ -280,6 +308,6 @@ class Loop:
 
 
 def _reason(error: Exception) -> str:
-    text = [line for line in str(error).strip().splitlines() if line.strip()]
+    text = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     # Ray wraps the remote traceback; its last line is the actual error.
     return (text[-1] if text else type(error).__name__)[:500]
