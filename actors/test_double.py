@@ -54,7 +54,7 @@ class TestDoubleEngine(Engine):
     def __init__(self, args: TestDoubleArgs, *rest: Any, **kw: Any) -> None:
         super().__init__(args, *rest, **kw)
         self.args: TestDoubleArgs = args
-        if args.fail_to_load:
+        if args.fail_to_load or (args.fail_first_load and self._once("load", "fail")):
             msg = f"test double {args.name!r} told to fail to load"
             raise RuntimeError(msg)
 

@@ -150,9 +150,10 @@ def _check(args: argparse.Namespace) -> int:
     from fleet.run.check import check, check_resume
 
     if args.resume is not None:
-        _, _, manifest, plans = check_resume(args.resume)
+        _, _, manifest, plans, unscored = check_resume(args.resume)
         shards, calls = sum(len(p.shards) for p in plans), sum(len(p.perf) + len(p.probes) for p in plans)
-        print(f"ok: {args.resume}: {shards} shards, {calls} perf levels and probe calls to do")
+        scored = f" ({len(unscored)} of them stored unscored: to score only)" if unscored else ""
+        print(f"ok: {args.resume}: {shards} shards{scored}, {calls} perf levels and probe calls to do")
         return EXIT_OK
     manifest, run_dir, _, unresolved = check(
         args.manifest, results_dir=args.results, run_id=args.run_id, overrides=args.overrides

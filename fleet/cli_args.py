@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a manifest, write Parquet results, print the summary")
     run.add_argument("manifest", type=Path, nargs="?", help="manifest YAML file")
-    run.add_argument("--resume", metavar="RUN_DIR", help="finish an interrupted run: only missing shards")
+    run.add_argument("--resume", metavar="RUN_DIR", help="finish an interrupted run: missing and unscored shards")
     # Run directories are strings, not Paths: pathlib would turn s3://bucket/x into s3:/bucket/x.
     run.add_argument(
         "--results", default="results", help="where run directories go (default: results; or s3://bucket/prefix)"

@@ -22,6 +22,7 @@ from own_processes import own_lines
 
 from fleet.results import reader
 from fleet.run import driver, idle_actors
+from fleet.run.check import check_resume
 
 MANIFEST = textwrap.dedent(
     """
@@ -34,7 +35,7 @@ MANIFEST = textwrap.dedent(
       p:
     {prompts}
     targets:
-      - {{name: ref, kind: test-double, num_cpus: 0.5}}
+      - {{name: ref, kind: test-double, num_cpus: 0.5{ref}}}
       - {{name: cand, kind: test-double, num_cpus: 0.5, logprob_shift: 0.01{cand}}}
     reference: ref
     sampling: {{max_tokens: 8, logprobs: 3}}
@@ -49,10 +50,12 @@ MANIFEST = textwrap.dedent(
 HANG_TIMEOUT_S = 12
 
 
-def write_manifest(tmp: Path, *, cand: str = "", timeout: float = 60, attempts: int = 3, prompts: int = 6) -> Path:
+def write_manifest(
+    tmp: Path, *, cand: str = "", ref: str = "", timeout: float = 60, attempts: int = 3, prompts: int = 6
+) -> Path:
     lines = "\n".join(f'    - {{id: q{i}, prompt: "question {i}"}}' for i in range(prompts))
     path = tmp / "m.yaml"
-    path.write_text(MANIFEST.format(prompts=lines, cand=cand, timeout=timeout, attempts=attempts))
+    path.write_text(MANIFEST.format(prompts=lines, cand=cand, ref=ref, timeout=timeout, attempts=attempts))
     return path
 
 
@@ -155,6 +158,29 @@ def test_target_that_fails_to_load_is_recorded_and_others_complete(local_ray: An
     t = rows(run_dir)
     assert t["requests"]["target"].unique().to_list() == ["ref"]  # the reference still completed
     assert t["requests"].height == 2 * 6
+    assert_no_actors_left()
+
+
+def test_resume_scores_the_rows_no_reference_was_left_to_score(local_ray: Any, tmp_path: Path) -> None:
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    # The first reference to start fails to load (one model's); the other model's loads.
+    manifest = write_manifest(tmp_path, ref=f", fail_first_load: true, fault_dir: {faults}")
+    run_dir, outcome = run(manifest, tmp_path, "unscored")
+    (failed,) = outcome.failures
+    model = failed.removesuffix("/ref")
+    assert failed == f"{model}/ref" and "told to fail to load" in outcome.failures[failed]
+    cand = rows(run_dir)["tokens"].filter((pl.col("model") == model) & (pl.col("target") == "cand"))
+    assert cand.height == 6 * 8 and cand["ref_logprob"].null_count() == cand.height  # stored, unscored
+    # --resume scores them (and generates the reference's shards), each row once.
+    *_, unscored = check_resume(run_dir)
+    assert sorted(unscored) == [f"{model}/cand/p/{i:05d}" for i in range(3)]
+    run_dir, outcome = driver.resume(run_dir, progress=False)
+    assert outcome.failures == {} and not outcome.partial
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
+    assert_exactly_once(run_dir)  # every candidate row scored
+    assert check_resume(run_dir)[4] == {}
+    assert not (run_dir / ".staging").exists()
     assert_no_actors_left()
 
 

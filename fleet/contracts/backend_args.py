@@ -215,6 +215,9 @@ class TestDoubleArgs(TargetArgs):
     die_shards: list[str] = Field(default_factory=list, description="Shard ids whose first attempt kills the process.")
     nan_shards: list[str] = Field(default_factory=list, description="Shard ids whose logprobs are NaN.")
     fail_to_load: bool = Field(False, description="Raise in the constructor, like a model that cannot load.")
+    fail_first_load: bool = Field(
+        False, description="Raise in the first constructor only (a marker in fault_dir): a load that fails once."
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -9,12 +9,14 @@ none of them: the readers (fleet/results/reader.py, `fleet query`, which takes o
 names SQL can say) and a glob such as results/*/tokens/** never see them, and Spark and Hive skip
 dot directories. Like a committed shard, a staged one is whole once its `shards` file is there
 (written last), so a driver killed mid-way leaves either a whole staged shard, which `--resume`
-scores without generating it again, or files that `--resume` removes.
+scores without generating it again, or files that `--resume` removes. `--resume` also stages here
+again a candidate's shard committed unscored (no reference was left to score it), to be scored.
 """
 
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import pyarrow.dataset as ds
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 # Written in this order; the `shards` file, last, marks a staged shard whole.
 TABLES = ("requests", "tokens", "shards")
+SCORED = "ref_logprob"  # a candidate's token row the reference scored has it
 
 
 class Staging:
@@ -93,6 +96,42 @@ class Staging:
             if file not in keep:
                 self.fs.delete_file(file)
         return whole
+
+    def unscored(self, reference: str) -> dict[str, str]:
+        """Committed candidate shards with no reference score at all (shard id -> weights): written
+        unscored because no reference was left to score them (it could not start, or its node
+        went and no other could hold it). `--resume` stages them again to be scored."""
+        files = parquet_files(self.fs, f"{self.store.root}/shards")
+        if not files:
+            return {}
+        table = ds.dataset(files, filesystem=self.fs, format="parquet").to_table(
+            columns=["shard_id", "target", "model_weights"]
+        )
+        shards = [(r["shard_id"], r["model_weights"]) for r in table.to_pylist() if r["target"] != reference]
+        with ThreadPoolExecutor(8) as pool:  # a round trip per footer on an object store
+            unscored = pool.map(lambda s: self._unscored(self.store.path("tokens", *s)), shards)
+        return {shard_id: weights for (shard_id, weights), no in zip(shards, unscored, strict=True) if no}
+
+    def _unscored(self, tokens: str) -> bool:
+        """Whether a committed tokens file has rows and no reference logprob in any (its footer's
+        null counts; an empty shard's tokens are stored elsewhere, under "none")."""
+        try:
+            meta = pq.read_metadata(tokens, filesystem=self.fs)
+        except FileNotFoundError:
+            return False
+        column = meta.schema.to_arrow_schema().get_field_index(SCORED)
+        if column < 0 or not meta.num_rows:
+            return False
+        stats = [meta.row_group(i).column(column).statistics for i in range(meta.num_row_groups)]
+        if all(s is not None and s.has_null_count for s in stats):
+            return sum(s.null_count for s in stats) == meta.num_rows
+        return pq.read_table(tokens, columns=[SCORED], filesystem=self.fs).column(SCORED).null_count == meta.num_rows
+
+    def restage(self, shard_id: str, weights: str) -> None:
+        """Stage a committed shard's rows again, as generated, for the reference to score; its
+        scored rows then replace them under the same names (exactly once, as any commit)."""
+        read = {t: pq.read_table(self.store.path(t, shard_id, weights), filesystem=self.fs) for t in TABLES}
+        self.put(Generation(read["requests"], read["tokens"], read["shards"]))
 
     def tidy(self) -> None:
         """Remove the staging directory once nothing is staged: every shard of it committed."""

@@ -26,6 +26,7 @@ from fleet.contracts.schema import SCHEMA_VERSION
 from fleet.results import reader
 from fleet.results.catalog import require_runs
 from fleet.results.info import RunInfo
+from fleet.results.staging import Staging
 from fleet.results.store import RUN_JSON, RunStore, join
 from fleet.run import manifest_file
 from fleet.run.manifest import Manifest
@@ -98,9 +99,10 @@ def _preflight(manifest: Manifest) -> dict[str, str]:
 
 def check_resume(
     run_dir: str | Path,
-) -> tuple[RunStore, RunInfo, Manifest, list[ModelPlan]]:
+) -> tuple[RunStore, RunInfo, Manifest, list[ModelPlan], dict[str, str]]:
     """Everything `resume` does before Ray starts (`fleet run --check --resume`): run.json, the
-    manifest recorded in it, and the work still to do, read from the stored tables."""
+    manifest recorded in it, the work still to do, read from the stored tables, and the candidate
+    shards among it that are stored but unscored (shard id -> weights: staged again to be scored)."""
     with storage_errors(run_dir):
         info = reader.read_info(run_dir)
         store = RunStore(run_dir)
@@ -115,7 +117,10 @@ def check_resume(
         raise UserError(manifest_file.format_error(where, info.manifest_resolved, e)) from None
     with storage_errors(run_dir), reader.decoding(run_dir):
         done = store.completed_shards(), store.completed_perf(), store.completed_probes()
-    return store, info, manifest, [p.remaining(*done) for p in plan(manifest)]
+        # Candidate shards written unscored (no reference was left) run again, to be scored only.
+        unscored = Staging(store).unscored(manifest.reference)
+    shards_done = done[0] - set(unscored)
+    return store, info, manifest, [p.remaining(shards_done, *done[1:]) for p in plan(manifest)], unscored
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from pathlib import Path
 from fleet.results.direct import DirectSink, actors_write
 from fleet.results.info import RunInfo
 from fleet.results.packed import PackSink
+from fleet.results.staging import Staging
 from fleet.results.store import RUN_JSON, RunStore, join, now
 from fleet.run.check import check, check_resume, storage_errors
 from fleet.run.cluster import check_cluster, cluster_info, ray_cluster
@@ -82,11 +83,15 @@ def resume(
     drilldown_of: DrillPoints | None = None,
 ) -> tuple[str | Path, Outcome]:
     """Finish an interrupted run: only the shards without a written `shards` row run again (and the
-    drill-down, when the manifest asks for one, from the start: it is one step after the rest)."""
-    store, info, manifest, plans = check_resume(run_dir)
+    drill-down, when the manifest asks for one, from the start: it is one step after the rest);
+    candidate shards stored unscored, since no reference was left to score them, are scored."""
+    store, info, manifest, plans, unscored = check_resume(run_dir)
     with ray_cluster(ray_address, verbose=verbose, num_cpus=num_cpus) as cluster:
         check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
         store.update_info(status="running", resumed_at=[*info.resumed_at, now()])
+        staging = Staging(store)
+        for shard_id, weights in unscored.items():  # scored from there, as a shard staged taking turns
+            staging.restage(shard_id, weights)
         outcome = _execute(
             manifest,
             plans,
