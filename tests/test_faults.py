@@ -175,12 +175,21 @@ def test_resume_scores_the_rows_no_reference_was_left_to_score(local_ray: Any, t
     # --resume scores them (and generates the reference's shards), each row once.
     *_, unscored = check_resume(run_dir)
     assert sorted(unscored) == [f"{model}/cand/p/{i:05d}" for i in range(3)]
+    stats = next((run_dir / "prompt_stats" / f"model={model}").glob("*/target=cand/p-00000.parquet"))
+    unscored_stats = stats.read_bytes()
     run_dir, outcome = driver.resume(run_dir, progress=False)
     assert outcome.failures == {} and not outcome.partial
     assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
     assert_exactly_once(run_dir)  # every candidate row scored
     assert check_resume(run_dir)[4] == {}
     assert not (run_dir / ".staging").exists()
+    # A driver killed while it replaced the unscored files (tokens scored, prompt_stats not yet):
+    # the next resume scores that shard again.
+    stats.write_bytes(unscored_stats)
+    assert check_resume(run_dir)[4] == {f"{model}/cand/p/00000": stats.parent.parent.name.split("=")[1]}
+    run_dir, _ = driver.resume(run_dir, progress=False)
+    assert pl.read_parquet(stats)["first_ref_logprob"].null_count() == 0
+    assert_exactly_once(run_dir)
     assert_no_actors_left()
 
 

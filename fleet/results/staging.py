@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 # Written in this order; the `shards` file, last, marks a staged shard whole.
 TABLES = ("requests", "tokens", "shards")
-SCORED = "ref_logprob"  # a candidate's token row the reference scored has it
 
 
 class Staging:
@@ -98,9 +97,11 @@ class Staging:
         return whole
 
     def unscored(self, reference: str) -> dict[str, str]:
-        """Committed candidate shards with no reference score at all (shard id -> weights): written
+        """Committed candidate shards without the reference's scores (shard id -> weights): written
         unscored because no reference was left to score them (it could not start, or its node
-        went and no other could hold it). `--resume` stages them again to be scored."""
+        went and no other could hold it), or a driver killed while it replaced such a shard's
+        files with scored ones (tokens scored, prompt_stats not yet). `--resume` stages them
+        again to be scored."""
         files = parquet_files(self.fs, f"{self.store.root}/shards")
         if not files:
             return {}
@@ -108,24 +109,31 @@ class Staging:
             columns=["shard_id", "target", "model_weights"]
         )
         shards = [(r["shard_id"], r["model_weights"]) for r in table.to_pylist() if r["target"] != reference]
-        with ThreadPoolExecutor(8) as pool:  # a round trip per footer on an object store
-            unscored = pool.map(lambda s: self._unscored(self.store.path("tokens", *s)), shards)
+        with ThreadPoolExecutor(8) as pool:  # round trips to footers on an object store
+            unscored = pool.map(lambda s: self._unscored(*s), shards)
         return {shard_id: weights for (shard_id, weights), no in zip(shards, unscored, strict=True) if no}
 
-    def _unscored(self, tokens: str) -> bool:
-        """Whether a committed tokens file has rows and no reference logprob in any (its footer's
-        null counts; an empty shard's tokens are stored elsewhere, under "none")."""
+    def _unscored(self, shard_id: str, weights: str) -> bool:
+        """Whether a committed candidate shard has token rows, and its tokens or its prompt_stats
+        file holds no reference score at all (an empty shard's tokens are stored under "none")."""
+        tokens = self._all_null(self.store.path("tokens", shard_id, weights), "ref_logprob")
+        stats = self._all_null(self.store.path("prompt_stats", shard_id, weights), "first_ref_logprob")
+        return tokens is not None and (tokens or bool(stats))
+
+    def _all_null(self, file: str, column: str) -> bool | None:
+        """Whether every row of `file` has `column` null, from its footer's null counts; None
+        where there is no such file, or no rows."""
         try:
-            meta = pq.read_metadata(tokens, filesystem=self.fs)
+            meta = pq.read_metadata(file, filesystem=self.fs)
         except FileNotFoundError:
-            return False
-        column = meta.schema.to_arrow_schema().get_field_index(SCORED)
-        if column < 0 or not meta.num_rows:
-            return False
-        stats = [meta.row_group(i).column(column).statistics for i in range(meta.num_row_groups)]
+            return None
+        index = meta.schema.to_arrow_schema().get_field_index(column)
+        if index < 0 or not meta.num_rows:
+            return None
+        stats = [meta.row_group(i).column(index).statistics for i in range(meta.num_row_groups)]
         if all(s is not None and s.has_null_count for s in stats):
             return sum(s.null_count for s in stats) == meta.num_rows
-        return pq.read_table(tokens, columns=[SCORED], filesystem=self.fs).column(SCORED).null_count == meta.num_rows
+        return pq.read_table(file, columns=[column], filesystem=self.fs).column(column).null_count == meta.num_rows
 
     def restage(self, shard_id: str, weights: str) -> None:
         """Stage a committed shard's rows again, as generated, for the reference to score; its
