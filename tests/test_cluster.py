@@ -175,16 +175,23 @@ SCRIPT = textwrap.dedent(
     # writes its pid to a marker), and the node holding that actor goes. First the other node has
     # room; then the last `LOSS` node goes the same way, and a node joins only before --resume.
     import threading, time
-    from ray.util.state import list_actors
+
+    def node_of(pid):
+        # The simulated node whose raylet started process `pid` (a raylet's workers are its
+        # children): found in the process table, not through Ray's state API and its dashboard,
+        # which another test's Ray on this machine may hold the port of.
+        raylets = {n.all_processes["raylet"][0].process.pid: n for n in cluster.worker_nodes}
+        while pid > 1 and pid not in raylets:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        return raylets.get(pid)
 
     def lose_node(marker):
-        while True:  # until the hanging actor is found: the marker may be half written, the actor not yet listed
-            pid = int(marker.read_text() or 0) if marker.exists() else 0
-            alive = list_actors(detail=True, filters=[("state", "=", "ALIVE")]) if pid else []
-            if node := next((a.node_id for a in alive if a.pid == pid), None):
-                break
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the marker may be half written
+            if marker.exists() and marker.read_text():
+                cluster.remove_node(node_of(int(marker.read_text())))
+                return
             time.sleep(0.05)
-        cluster.remove_node(next(n for n in cluster.worker_nodes if n.node_id == node))
 
     for _ in range(2):
         cluster.add_node(num_cpus=1, resources={"LOSS": 2})
@@ -220,7 +227,7 @@ LOSS_MANIFEST = textwrap.dedent(
           hang_shards: [m/cand/p/00001]}}
     reference: ref
     sampling: {{max_tokens: 4, logprobs: 2}}
-    run: {{shard_size: 1, start_timeout_s: {start}}}
+    run: {{shard_size: 1, start_timeout_s: {start}, shard_timeout_s: 120}}
     """
 )
 

@@ -16,15 +16,18 @@ again a candidate's shard committed unscored (no reference was left to score it)
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+import polars as pl
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from fleet.contracts.engine import Generation
+from fleet.contracts.stored_tables import all_tables
 from fleet.results.packed import Packed
+from fleet.results.prompt_stats import PROMPT
+from fleet.results.reader import scan
 from fleet.results.store import STAGING, parquet_files
 
 if TYPE_CHECKING:
@@ -96,44 +99,29 @@ class Staging:
                 self.fs.delete_file(file)
         return whole
 
-    def unscored(self, reference: str) -> dict[str, str]:
-        """Committed candidate shards without the reference's scores (shard id -> weights): written
-        unscored because no reference was left to score them (it could not start, or its node
-        went and no other could hold it), or a driver killed while it replaced such a shard's
-        files with scored ones (tokens scored, prompt_stats not yet). `--resume` stages them
-        again to be scored."""
-        files = parquet_files(self.fs, f"{self.store.root}/shards")
-        if not files:
+    def unscored(self, reference: str, committed: Collection[str]) -> dict[str, str]:
+        """The `committed` candidate shards without the reference's scores (shard id -> weights):
+        written unscored because no reference was left to score them (it could not start, or
+        its node went and no other could hold it), or left so by a driver killed while it
+        replaced such a shard's files with scored ones. `--resume` stages them to be scored.
+        Read from `prompt_stats`, the last of a shard's files a commit writes: token rows, and
+        not one with a reference logprob."""
+        tables = {t: parquet_files(self.fs, f"{self.store.root}/{t}") for t in ("requests", "prompt_stats")}
+        if not all(tables.values()):
             return {}
-        table = ds.dataset(files, filesystem=self.fs, format="parquet").to_table(
-            columns=["shard_id", "target", "model_weights"]
+        declared = all_tables()
+        keys = [*PROMPT[:-1], "prompt_id"]
+        ours = pl.col("target") != reference
+        stats = scan(self.fs, tables["prompt_stats"], declared["prompt_stats"]).filter(ours)
+        requests = scan(self.fs, tables["requests"], declared["requests"]).filter(ours).select(*keys, "shard_id")
+        per_shard = (
+            requests.join(stats.select(*keys, "n_positions", "tf_positions"), on=keys)
+            .group_by("shard_id", "model_weights")
+            .agg(pl.col("n_positions").sum(), pl.col("tf_positions").fill_null(0).sum())
+            .filter((pl.col("n_positions") > 0) & (pl.col("tf_positions") == 0))
+            .collect()
         )
-        shards = [(r["shard_id"], r["model_weights"]) for r in table.to_pylist() if r["target"] != reference]
-        with ThreadPoolExecutor(8) as pool:  # round trips to footers on an object store
-            unscored = pool.map(lambda s: self._unscored(*s), shards)
-        return {shard_id: weights for (shard_id, weights), no in zip(shards, unscored, strict=True) if no}
-
-    def _unscored(self, shard_id: str, weights: str) -> bool:
-        """Whether a committed candidate shard has token rows, and its tokens or its prompt_stats
-        file holds no reference score at all (an empty shard's tokens are stored under "none")."""
-        tokens = self._all_null(self.store.path("tokens", shard_id, weights), "ref_logprob")
-        stats = self._all_null(self.store.path("prompt_stats", shard_id, weights), "first_ref_logprob")
-        return tokens is not None and (tokens or bool(stats))
-
-    def _all_null(self, file: str, column: str) -> bool | None:
-        """Whether every row of `file` has `column` null, from its footer's null counts; None
-        where there is no such file, or no rows."""
-        try:
-            meta = pq.read_metadata(file, filesystem=self.fs)
-        except FileNotFoundError:
-            return None
-        index = meta.schema.to_arrow_schema().get_field_index(column)
-        if index < 0 or not meta.num_rows:
-            return None
-        stats = [meta.row_group(i).column(index).statistics for i in range(meta.num_row_groups)]
-        if all(s is not None and s.has_null_count for s in stats):
-            return sum(s.null_count for s in stats) == meta.num_rows
-        return pq.read_table(file, columns=[column], filesystem=self.fs).column(column).null_count == meta.num_rows
+        return {shard_id: weights for shard_id, weights, *_ in per_shard.iter_rows() if shard_id in committed}
 
     def restage(self, shard_id: str, weights: str) -> None:
         """Stage a committed shard's rows again, as generated, for the reference to score; its

@@ -118,7 +118,7 @@ def check_resume(
     with storage_errors(run_dir), reader.decoding(run_dir):
         done = store.completed_shards(), store.completed_perf(), store.completed_probes()
         # Candidate shards written unscored (no reference was left) run again, to be scored only.
-        unscored = Staging(store).unscored(manifest.reference)
+        unscored = Staging(store).unscored(manifest.reference, done[0])
     shards_done = done[0] - set(unscored)
     return store, info, manifest, [p.remaining(shards_done, *done[1:]) for p in plan(manifest)], unscored
 
