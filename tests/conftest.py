@@ -23,6 +23,10 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 # would take such a worker, and each idle one costs ~1 % of a core for the whole session
 # (docs/measurements.md).
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+# A raylet registering with its GCS gets 3 minutes, not Ray's default 1, before `ray start` or a
+# simulated node gives up: with both workers starting engines and nodes, the 2 cores can be that
+# slow (test_job_submit's head once timed out in a fresh-clone run).
+os.environ.setdefault("RAY_raylet_start_wait_time_s", "180")
 # The harness's own tests may name the test-double kind (fleet/contracts/backend_args.py).
 os.environ["FLEET_ALLOW_TEST_DOUBLE"] = "1"
 

@@ -24,10 +24,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from fleet.contracts.engine import Generation
-from fleet.contracts.stored_tables import all_tables
+from fleet.results import reader
 from fleet.results.packed import Packed
 from fleet.results.prompt_stats import PROMPT
-from fleet.results.reader import scan
 from fleet.results.store import STAGING, parquet_files
 
 if TYPE_CHECKING:
@@ -105,17 +104,17 @@ class Staging:
         its node went and no other could hold it), or left so by a driver killed while it
         replaced such a shard's files with scored ones. `--resume` stages them to be scored.
         Read from `prompt_stats`, the last of a shard's files a commit writes: token rows, and
-        not one with a reference logprob."""
-        tables = {t: parquet_files(self.fs, f"{self.store.root}/{t}") for t in ("requests", "prompt_stats")}
-        if not all(tables.values()):
-            return {}
-        declared = all_tables()
+        not one with a reference logprob. The tables are read as a report reads them (each
+        file's footer checked first: a damaged file is bad input, not a crash)."""
+        scans = reader.load(self.store.run_dir)
         keys = [*PROMPT[:-1], "prompt_id"]
         ours = pl.col("target") != reference
-        stats = scan(self.fs, tables["prompt_stats"], declared["prompt_stats"]).filter(ours)
-        requests = scan(self.fs, tables["requests"], declared["requests"]).filter(ours).select(*keys, "shard_id")
+        stats = scans["prompt_stats"].filter(ours).select(*keys, "n_positions", "tf_positions")
         per_shard = (
-            requests.join(stats.select(*keys, "n_positions", "tf_positions"), on=keys)
+            scans["requests"]
+            .filter(ours)
+            .select(*keys, "shard_id")
+            .join(stats, on=keys)
             .group_by("shard_id", "model_weights")
             .agg(pl.col("n_positions").sum(), pl.col("tf_positions").fill_null(0).sum())
             .filter((pl.col("n_positions") > 0) & (pl.col("tf_positions") == 0))
