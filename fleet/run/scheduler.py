@@ -126,10 +126,9 @@ class Loop:
                         msg = f"scheduler stalled with {[r.model.name for r in self.active]} unfinished"
                         raise RuntimeError(msg)
                     continue
-                self._check_room()
                 deadline = min(admitted.slots[name].current[2] for admitted, name in self.calls.values())  # type: ignore[index]
                 wait = max(0.0, deadline - time.monotonic())
-                if self._starting():  # an actor waiting for room: is there still a node for it?
+                if self._check_room():  # an actor waiting for room: is there still a node for it?
                     wait = min(wait, CHECK_EVERY_S)
                 done, _ = ray.wait(list(self.calls), num_returns=1, timeout=None if wait == math.inf else wait)
                 if done:
@@ -204,7 +203,6 @@ class Loop:
 
     def _expire(self) -> None:
         """A call past its deadline: kill the actor; the call then fails and takes the retry path."""
-
         now = time.monotonic()
         for admitted, name in list(self.calls.values()):
             slot = admitted.slots[name]
@@ -225,13 +223,15 @@ class Loop:
         calls = self.calls.values()
         return {f"{a.model.name}/{n}": (a, n) for a, n in calls if a.slots[n].current[1].starts_actor}  # type: ignore[index]
 
-    def _check_room(self) -> None:
+    def _check_room(self) -> bool:
         """Stop the starting actor of a target that no live node could hold for the grace period
-        (fleet/run/lost_room.py); its Describe then fails, and with it the target."""
+        (fleet/run/lost_room.py); its Describe then fails, and with it the target. Whether any
+        actor is starting (then the loop checks again soon)."""
         starting = self._starting()
         for key in self.lost_room.homeless({k: a.slots[n].target for k, (a, n) in starting.items()}, self.bar.write):
             admitted, name = starting[key]
             self._kill(admitted.slots[name])
+        return bool(starting)
 
     def _handle(self, call: Any) -> None:
         import ray
