@@ -54,7 +54,8 @@ class TestDoubleEngine(Engine):
     def __init__(self, args: TestDoubleArgs, *rest: Any, **kw: Any) -> None:
         super().__init__(args, *rest, **kw)
         self.args: TestDoubleArgs = args
-        if args.fail_to_load or (args.fail_first_load and self._once("load", "fail")):
+        # Not a once-only fault: a load that fails in a kept actor is retried in a new one (scheduler).
+        if args.fail_to_load or (args.fail_to_load_while is not None and args.fail_to_load_while.exists()):
             msg = f"test double {args.name!r} told to fail to load"
             raise RuntimeError(msg)
 

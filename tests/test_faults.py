@@ -162,21 +162,22 @@ def test_target_that_fails_to_load_is_recorded_and_others_complete(local_ray: An
 
 
 def test_resume_scores_the_rows_no_reference_was_left_to_score(local_ray: Any, tmp_path: Path) -> None:
-    faults = tmp_path / "faults"
-    faults.mkdir()
-    # The first reference to start fails to load (one model's); the other model's loads.
-    manifest = write_manifest(tmp_path, ref=f", fail_first_load: true, fault_dir: {faults}")
+    # The references fail to load while this file exists. Not a once-only fault: the session keeps
+    # idle actors, and a load that fails in one of those is retried in a new actor.
+    blocker = tmp_path / "no-reference"
+    blocker.touch()
+    manifest = write_manifest(tmp_path, ref=f", fail_to_load_while: {blocker}")
     run_dir, outcome = run(manifest, tmp_path, "unscored")
-    (failed,) = outcome.failures
-    model = failed.removesuffix("/ref")
-    assert failed == f"{model}/ref" and "told to fail to load" in outcome.failures[failed]
-    cand = rows(run_dir)["tokens"].filter((pl.col("model") == model) & (pl.col("target") == "cand"))
-    assert cand.height == 6 * 8 and cand["ref_logprob"].null_count() == cand.height  # stored, unscored
-    # --resume scores them (and generates the reference's shards), each row once.
+    assert set(outcome.failures) == {"m1/ref", "m2/ref"}, outcome.failures
+    assert all("told to fail to load" in reason for reason in outcome.failures.values())
+    cand = rows(run_dir)["tokens"].filter(pl.col("target") == "cand")
+    assert cand.height == 2 * 6 * 8 and cand["ref_logprob"].null_count() == cand.height  # stored, unscored
+    # --resume scores them (and generates the references' shards), each row once.
     *_, unscored = check_resume(run_dir)
-    assert sorted(unscored) == [f"{model}/cand/p/{i:05d}" for i in range(3)]
-    stats = next((run_dir / "prompt_stats" / f"model={model}").glob("*/target=cand/p-00000.parquet"))
+    assert sorted(unscored) == [f"{m}/cand/p/{i:05d}" for m in ("m1", "m2") for i in range(3)]
+    stats = next((run_dir / "prompt_stats" / "model=m1").glob("*/target=cand/p-00000.parquet"))
     unscored_stats = stats.read_bytes()
+    blocker.unlink()
     run_dir, outcome = driver.resume(run_dir, progress=False)
     assert outcome.failures == {} and not outcome.partial
     assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
@@ -186,7 +187,7 @@ def test_resume_scores_the_rows_no_reference_was_left_to_score(local_ray: Any, t
     # A driver killed while it replaced the unscored files (tokens scored, prompt_stats not yet):
     # the next resume scores that shard again.
     stats.write_bytes(unscored_stats)
-    assert check_resume(run_dir)[4] == {f"{model}/cand/p/00000": stats.parent.parent.name.split("=")[1]}
+    assert check_resume(run_dir)[4] == {"m1/cand/p/00000": stats.parent.parent.name.split("=")[1]}
     run_dir, _ = driver.resume(run_dir, progress=False)
     assert pl.read_parquet(stats)["first_ref_logprob"].null_count() == 0
     assert_exactly_once(run_dir)

@@ -215,8 +215,8 @@ class TestDoubleArgs(TargetArgs):
     die_shards: list[str] = Field(default_factory=list, description="Shard ids whose first attempt kills the process.")
     nan_shards: list[str] = Field(default_factory=list, description="Shard ids whose logprobs are NaN.")
     fail_to_load: bool = Field(False, description="Raise in the constructor, like a model that cannot load.")
-    fail_first_load: bool = Field(
-        False, description="Raise in the first constructor only (a marker in fault_dir): a load that fails once."
+    fail_to_load_while: UserPath | None = Field(
+        None, description="Raise in the constructor while this file exists: a load that fails until it is removed."
     )
 
     @model_validator(mode="before")
