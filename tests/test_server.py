@@ -4,7 +4,8 @@ One server for the module, hosted the way the scheduler hosts every target: a Ta
 the session's local Ray. One whole run (`served_run`) then takes both HTTP target kinds against one
 HF float32 reference: an `endpoint` target against the module's server with a sentinel key (nothing
 written, results, run.json, logs, may contain that key), and a `vllm-server` target the scheduler
-starts and stops itself. The two kinds used to run one manifest each, each with its own reference.
+starts and stops itself, with one perf level spread over two client actors. The two kinds used to
+run one manifest each, each with its own reference.
 The module's last test kills the module server's actor; the clean stop is the `served` target's.
 """
 
@@ -98,6 +99,9 @@ sampling: {{max_tokens: 12, logprobs: 5}}
 perf:
   - {{name: s, concurrency: [2], input_tokens: 16, output_tokens: 8, num_requests: 4, warmup_requests: 1,
      targets: [served, endpoint], parity: {{prompt_set: four}}}}
+  # Sent by two client actors (0 CPUs each: the session's 2 are the reference's and the target's).
+  - {{name: spread, concurrency: [2], input_tokens: 16, output_tokens: 8, num_requests: 6, warmup_requests: 0,
+     clients: 2, client_cpus: 0, targets: [endpoint]}}
 """
 
 
@@ -290,10 +294,27 @@ def test_vllm_server_target_through_the_scheduler(served_run: tuple[Path, Path, 
     assert smoke["passed"].all()
     [row] = analysis.parity(t["requests"], t["tokens"], "hf-fp32").filter(pl.col("target") == "served").to_dicts()
     assert row["tf_top1_agreement"] == 1.0 and row["tf_max_abs_logprob_diff"] < 1e-4
-    perf = t["perf_requests"]
+    perf = t["perf_requests"].filter(pl.col("scenario") == "s")
     assert perf.height == 2 * 4 and (perf["n_output_tokens"] == 8).all()
     assert sorted(set(perf["target"])) == ["endpoint", "served"]
     assert servers_left == []
+
+
+def test_a_level_spread_over_client_actors_in_a_whole_run(served_run: tuple[Path, Path, list[int]]) -> None:
+    """The `spread` level of `served_run`, a whole run on real Ray: two client actors send one
+    schedule to the endpoint, and their rows merge into the level's stored rows (the scheduler's
+    part with CPUs to free is in test_idle_actors.py, on a fake Ray)."""
+    from fleet.results import reader
+
+    _, run_dir, _ = served_run
+    t = {name: frame.collect() for name, frame in reader.load(run_dir).items()}
+    rows = t["perf_requests"].filter(pl.col("scenario") == "spread").sort("request_index")
+    assert rows["request_index"].to_list() == list(range(6)) and rows["target"].unique().to_list() == ["endpoint"]
+    assert rows["client"].to_list() == [i % 2 for i in range(6)]  # every other arrival
+    assert rows["error"].null_count() == 6 and (rows["n_output_tokens"] == 8).all()
+    [level] = t["perf_levels"].filter(pl.col("scenario") == "spread").to_dicts()
+    assert (level["clients"], level["n_requests"], level["n_errors"]) == (2, 6, 0)
+    assert level["client_cpu_s"] > 0
 
 
 def test_parity_under_load_over_http(served_run: tuple[Path, Path, list[int]]) -> None:
