@@ -21,6 +21,7 @@ Faults: a call that fails or outlives its timeout gets its actor replaced (engin
 with it) and the shard retried, up to `run.max_attempts`; then the shard is recorded as failed
 and the run goes on. A target whose actor cannot start fails as a whole, as does one that no live
 node can hold any more, once it has waited a while for a node to join (fleet/run/lost_room.py).
+A run whose Ray head stops answering ends, resumable (fleet/run/head_watch.py).
 
 A `Work` item says what should follow its result or its abandonment (`Effects`); the loop hands
 every ended call to fleet/run/follow_up.py, the one place that applies it: rows stored, work
@@ -42,6 +43,7 @@ from fleet.results.staging import Staging
 from fleet.results.store import now
 from fleet.run import idle_actors
 from fleet.run.follow_up import FollowUp
+from fleet.run.head_watch import watching
 from fleet.run.lost_room import CHECK_EVERY_S, GRACE_S, LostRoom, unplaceable
 from fleet.run.outcome import GateCheck, Outcome, Verdicts
 from fleet.run.placement import fits, reservation, turns_note
@@ -81,7 +83,7 @@ class Loop:
         self.staging, note = Staging(store), turns_note(manifest, cluster)
         if note is not None:
             bar.write(note)
-        self.writer = ShardWriter(store, bar)
+        self.store, self.writer = store, ShardWriter(store, bar)
         # `after:` asks whether a target passed; its gates read its rows once they are on disk.
         verdicts = Verdicts(self.outcome, gates_of, rows_stored=self.writer.wait)
         # Shards a killed run staged: scored now, not generated again (the rest of the area goes).
@@ -112,7 +114,11 @@ class Loop:
 
     def run(self) -> Outcome:
         """Run every model's plan: its shards, probes and perf levels (retrying faults); write what
-        they produce; returns what failed."""
+        they produce; returns what failed. A lost Ray head ends the process (fleet/run/head_watch.py)."""
+        with watching(self.store, self.bar.write):
+            return self._run()
+
+    def _run(self) -> Outcome:
         import ray
 
         finished = False
