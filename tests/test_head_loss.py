@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from own_ports import free_port, head_command
 
 from fleet.run import driver
 
-BIN = Path(sys.executable).parent
 MANIFEST = textwrap.dedent(
     """
     models:
@@ -37,14 +37,6 @@ MANIFEST = textwrap.dedent(
     run: {shard_size: 1}
     """
 )
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _gcs_of(marker: str) -> int | None:
@@ -62,12 +54,8 @@ def test_a_run_whose_ray_head_is_lost_ends_resumable(local_ray: Any, tmp_path: P
     marker = f"FLEET_TEST_HEAD={uuid.uuid4().hex}"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | dict([marker.split("=")])
     env["RAY_gcs_rpc_server_reconnect_timeout_s"] = "10"
-    port = _free_port()
-    cmd = [str(BIN / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=2"]
-    cmd += ["--include-dashboard=false", "--disable-usage-stats"]
-    # Ports of our own: the session's other Ray already holds the agents' default ones.
-    cmd += [f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}"]
-    cmd += [f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}"]
+    port = free_port()
+    cmd = [*head_command(port), "--include-dashboard=false"]
     (tmp_path / "m.yaml").write_text(MANIFEST)
     results = tmp_path / "results"
     head = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -10,36 +10,24 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from own_ports import BIN, free_port, head_command
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).parents[1]
-BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
 def ray_head(fleet_cache: Path, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    port, dashboard = _free_port(), _free_port()
+    port, dashboard = free_port(), free_port()
     env = os.environ | {"PATH": f"{BIN}:{os.environ['PATH']}", "RAY_ADDRESS": ""}
     env.pop("RAY_ADDRESS")
-    cmd = [str(BIN / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=2"]
-    cmd += ["--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", "--disable-usage-stats"]
-    # Ports of our own: the session's other Ray already holds the agents' default ones (52365...).
-    cmd += [f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}"]
-    cmd += [f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}"]
+    cmd = [*head_command(port), "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}"]
     log = (tmp_path / "head.log").open("w")
     head = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{dashboard}"

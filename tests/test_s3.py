@@ -23,6 +23,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
+from own_ports import free_port
 
 from fleet import cli
 from fleet.analysis import query
@@ -51,17 +52,11 @@ MANIFEST = textwrap.dedent(
 SHARDS = {f"m1/{target}/p/{chunk:05d}" for target in ("ref", "cand") for chunk in (0, 1)}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def s3() -> Iterator[str]:
     """s3://bucket/prefix on a moto server bound to loopback, in its own process (moto's Flask app
     in this process would upset vLLM engines built here later); stopped, port closed, at the end."""
-    host, port = "127.0.0.1", _free_port()
+    host, port = "127.0.0.1", free_port()
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "moto_server"), "-H", host, "-p", str(port)],
         stdout=subprocess.DEVNULL,
