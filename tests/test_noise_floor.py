@@ -98,3 +98,23 @@ def test_self_parity_from_the_reports_pairs() -> None:
         assert found.equals(noise_floor.from_prompt_stats(rows, stats.lazy(), {copy: "vllm"}))
         if rows.height == requests.height:
             assert found.equals(expected)
+
+
+def test_a_null_logprob_counts_as_compared_but_not_in_the_figures() -> None:
+    """A null inside a logprobs list (no value there) takes the frame path (prefix_pairs cannot
+    tell it from NaN): it is a compared position, and the figures skip it, as from token rows."""
+    copy = "vllm.repeat-2"
+    requests = _frame(schema.REQUESTS, [_req("vllm", "a", [1, 2, 3]), _req(copy, "a", [1, 2, 3])])
+    tokens = _frame(
+        schema.TOKENS,
+        [
+            *(_tok("vllm", "a", i, t, lp) for i, (t, lp) in enumerate([(1, -0.5), (2, -0.25), (3, -1.0)])),
+            *(_tok(copy, "a", i, t, lp) for i, (t, lp) in enumerate([(1, -0.75), (2, None), (3, -1.0)])),
+        ],
+    )
+    stats = pl.from_arrow(prompt_rows.summarize(tokens.to_arrow()))
+    assert isinstance(stats, pl.DataFrame)
+    [row] = noise_floor.from_prompt_stats(requests, stats.lazy(), {copy: "vllm"}).to_dicts()
+    assert row["tokens_compared"] == 3 and row["max_abs_logprob_diff"] == 0.25
+    assert row["mean_abs_logprob_diff"] == pytest.approx(0.25 / 2)
+    assert [row] == noise_floor.self_parity(requests, tokens, {copy: "vllm"}).to_dicts()

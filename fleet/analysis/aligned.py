@@ -104,6 +104,13 @@ class Flat:
         self.n = lengths(lists)
         self.start = np.concatenate([[0], np.cumsum(self.n)[:-1]]).astype(np.int64) if len(self.n) else self.n
         self.values = elements(lists)
+        self._array: np.ndarray | None = None
+
+    def array(self) -> np.ndarray:
+        """`values` as numpy, converted once (a column of many chunks is copied to convert)."""
+        if self._array is None:
+            self._array = self.values.to_numpy()
+        return self._array
 
     def at(self, rows: np.ndarray, positions: np.ndarray, *, inside_lists: bool = False) -> pl.Series:
         """Values at (row, position) pairs; null where the position is past the row's list

@@ -88,16 +88,18 @@ def runs(frame: pl.DataFrame) -> pl.DataFrame:
     first = run_starts(frame)
     # No rows (a target with parity off, judged before any candidate row): no run, not one ending at 0.
     end = np.append(first[1:], frame.height).astype(np.int64) if frame.height else first
-    return frame.select(RUN)[first].with_columns(
+    # Columns gathered one by one: `select` rechunks a table read from many files (0.3 s at 100M).
+    return pl.DataFrame([frame[c].gather(first) for c in RUN]).with_columns(
         first=pl.Series(first, dtype=pl.UInt32), end=pl.Series(end, dtype=pl.UInt32)
     )
 
 
 def run_starts(frame: pl.DataFrame) -> np.ndarray:
     """The rows where (model, target) differs from the row before (row 0 included), nulls equal to
-    nulls: each neighbour compared, no hashing of every row's strings."""
-    changed = pl.any_horizontal(pl.col(c).ne_missing(pl.col(c).shift()) for c in RUN)
-    starts = frame.select(changed.fill_null(True)).to_series().to_numpy()
-    if len(starts):
-        starts[0] = True
-    return np.flatnonzero(starts)
+    nulls: runs of equal values numbered, no hashing of every row's strings. (Comparing each row
+    with its shifted neighbour copied the strings of a table read from many files: 0.7 s and
+    0.7 GB at 100M token rows.)"""
+    if not frame.height:
+        return np.zeros(0, dtype=np.int64)
+    run = pl.select(pl.struct(*(frame[c] for c in RUN)).rle_id()).to_series().to_numpy()
+    return np.flatnonzero(np.diff(run, prepend=-1))

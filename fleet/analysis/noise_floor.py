@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from fleet.analysis import aligned, key_blocks
+from fleet.analysis import aligned, key_blocks, prefix_pairs
 from fleet.analysis.missing import no_nan
 from fleet.analysis.parity import CAND, PROMPT, Frame, sequences
 
@@ -106,33 +106,35 @@ def _compared(
     c, o = np.where(has, c, 0), np.where(has, o, 0)
     first = np.where(out["first_divergence"] < 0, np.iinfo(np.int64).max, out["first_divergence"])
     n = np.where(has, np.minimum(np.minimum(flat.n[c], flat.n[o]), first), 0) if flat.n.size else np.zeros_like(c)
+    identical = out["first_divergence"] < 0
+    if prefix_pairs.holds_no_null(flat):  # a chunk at a time (fleet/analysis/prefix_pairs.py)
+        diff = prefix_pairs.AbsDiff()
+        for copy_values, original_values in prefix_pairs.chunks(flat, c, flat, o, n):
+            diff.add(copy_values, original_values)
+        figures = (diff.count or None, diff.max(), diff.mean())
+        return _row(model, original, copy, identical, dict(zip(_COMPARED, figures, strict=True)))
     row, position = aligned.common(n)
     copy_lp = flat.at(c[row], position, inside_lists=True).cast(_F64)
-    diff = copy_lp - flat.at(o[row], position, inside_lists=True).cast(_F64)
-    return _row(model, original, copy, out["first_divergence"] < 0, diff.alias("_d"))
+    d = pl.col("_d")
+    frame = pl.DataFrame((copy_lp - flat.at(o[row], position, inside_lists=True).cast(_F64)).alias("_d")).select(
+        tokens_compared=pl.len().cast(pl.Int64),
+        max_abs_logprob_diff=no_nan(d, d.abs().max()),
+        mean_abs_logprob_diff=no_nan(d, d.abs().mean()),
+    )
+    return _row(model, original, copy, identical, frame.row(0, named=True))
 
 
-def _row(model: str, original: str, copy: str, identical: np.ndarray, diff: pl.Series) -> pl.DataFrame:
+_COMPARED = ("tokens_compared", "max_abs_logprob_diff", "mean_abs_logprob_diff")
+
+
+def _row(model: str, original: str, copy: str, identical: np.ndarray, compared: dict[str, object]) -> pl.DataFrame:
     """One (original, copy) row of a model: its prompts' exact matches and its prefix's differences
     (none compared: nulls, as the token-row path's left join gives)."""
-    d = pl.col("_d")
-    compared = (
-        {
-            "tokens_compared": pl.len().cast(pl.Int64),
-            "max_abs_logprob_diff": no_nan(d, d.abs().max()),
-            "mean_abs_logprob_diff": no_nan(d, d.abs().mean()),
-        }
-        if diff.len()
-        else {c: pl.lit(None, COLUMNS[c]) for c in ("tokens_compared", "max_abs_logprob_diff", "mean_abs_logprob_diff")}
-    )
-    return pl.DataFrame(diff).select(
-        model=pl.lit(model),
-        target=pl.lit(original),
-        copy=pl.lit(copy),
-        n_prompts=pl.lit(len(identical), pl.Int64),
-        seq_identical_rate=pl.lit(float(identical.mean()), _F64),
-        **compared,
-    )
+    row = {"model": model, "target": original, "copy": copy, "n_prompts": len(identical)}
+    row |= {"seq_identical_rate": float(identical.mean())} | compared
+    if not compared[_COMPARED[0]]:
+        row |= dict.fromkeys(_COMPARED)
+    return pl.DataFrame([row], schema=COLUMNS)
 
 
 def _figures(seq: pl.LazyFrame, pairs: pl.LazyFrame, original: str, copy: str) -> pl.DataFrame:
