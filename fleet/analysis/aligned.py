@@ -63,12 +63,14 @@ class Lists:
 def compare_rows(lists: Lists, cand_rows: np.ndarray, ref_rows: np.ndarray) -> dict[str, np.ndarray]:
     """`compare` of the lists at rows cand_rows[i] and ref_rows[i] of one list column, without
     gathering them first (a big run's output ids would be copied twice)."""
-    parts = [
-        _compare(lists, cand_rows[i : i + _ROWS], ref_rows[i : i + _ROWS]) for i in range(0, len(cand_rows), _ROWS)
-    ]
-    if not parts:
-        return {k: np.zeros(0, dtype=np.int64) for k in ("n_cand", "n_ref", "tokens_matched", "first_divergence")}
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    # Filled in place, a slice at a time: concatenating the parts wrote every figure twice.
+    out = {
+        k: np.zeros(len(cand_rows), dtype=np.int64) for k in ("n_cand", "n_ref", "tokens_matched", "first_divergence")
+    }
+    for i in range(0, len(cand_rows), _ROWS):
+        for k, v in _compare(lists, cand_rows[i : i + _ROWS], ref_rows[i : i + _ROWS]).items():
+            out[k][i : i + _ROWS] = v
+    return out
 
 
 _ROWS = 1 << 16  # pairs compared at a time: the per-position arrays stay a few MB on a big run
