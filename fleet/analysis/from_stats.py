@@ -14,6 +14,7 @@ same pairs in fleet/analysis/stats_divergences.py.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,33 +77,19 @@ class Pairs:
     @classmethod
     def load(cls, requests: pl.DataFrame, stats: pl.LazyFrame, reference: str) -> Pairs:
         is_ref = pl.col("target") == reference
-        # Keys paired and put in key order block by block where the requests allow it (key_blocks),
-        # else joined alone; the id lists are compared where they lie, by row (a join, sort or
-        # gather carrying the lists would copy every output token).
-        found = key_blocks.in_key_order(requests.select(CAND), reference)
-        request_row = found.rows if found is not None else None
-        if found is not None:
-            cand_rows, ref_rows = found.rows, found.reference
-            keys = requests.select(CAND)[cand_rows]
-        else:
-            keys = requests.select(*CAND).with_row_index("_c")
-            keys = key_order.sort_by(
-                keys.filter(~is_ref).join(keys.filter(is_ref).select(*PROMPT, _r="_c"), on=PROMPT), CAND
-            )
-            cand_rows, ref_rows = (keys[k].to_numpy().astype(np.int64) for k in ("_c", "_r"))
-        ids = aligned.Lists(requests["output_token_ids"])
-        seq = parity.sequences_of(keys.select(CAND), aligned.compare_rows(ids, cand_rows, ref_rows))
-        d = seq["first_divergence"].fill_null(-1).to_numpy()
-        at = np.where(d >= 0, d, np.iinfo(np.int32).max)
-        at_d = pl.DataFrame({"_cand_token": ids.at(cand_rows, at), "_ref_token": ids.at(ref_rows, at)}).select(
-            pl.all().replace(-1, None).cast(pl.Int32)
-        )
-        del ids
         source = stats.filter(~is_ref)
         aggregated = bool(source.select(pl.col("tf_positions").is_not_null().all()).collect().item())
         columns = [c for c in _CAND_COLUMNS if not (aggregated and c in _POSITION_LISTS)]
-        cand = source.select(*CAND, *columns).with_row_index("_file_row").collect()
-        ref = stats.filter(is_ref).select(*PROMPT, "first_token_id", "logprobs").collect()
+        # Both sides' prompt_stats rows are read (Polars, without the GIL) while the output ids are
+        # compared (numpy).
+        read = [
+            source.select(*CAND, *columns).with_row_index("_file_row"),
+            stats.filter(is_ref).select(*PROMPT, "first_token_id", "logprobs"),
+        ]
+        with ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(pl.collect_all, read)
+            seq, at_d, request_row = cls._compared(requests, reference)
+            cand, ref = reading.result()
         keys = seq.select(CAND)
         # Each prompt's rank in key order within its candidate (the bootstrap's unit, noise_model.one),
         # and the rows of each seq row: nearly always one stats row per paired prompt, no join.
@@ -131,6 +118,33 @@ class Pairs:
             source=source,
             request_row=request_row,
         )
+
+    @staticmethod
+    def _compared(requests: pl.DataFrame, reference: str) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray | None]:
+        """(seq, tokens_at_divergence, request_row) of the candidates' requests against the reference's."""
+        is_ref = pl.col("target") == reference
+        # Keys paired and put in key order block by block where the requests allow it (key_blocks),
+        # else joined alone; the id lists are compared where they lie, by row (a join, sort or
+        # gather carrying the lists would copy every output token).
+        found = key_blocks.in_key_order(requests.select(CAND), reference)
+        request_row = found.rows if found is not None else None
+        if found is not None:
+            cand_rows, ref_rows = found.rows, found.reference
+            keys = requests.select(CAND)[cand_rows]
+        else:
+            keys = requests.select(*CAND).with_row_index("_c")
+            keys = key_order.sort_by(
+                keys.filter(~is_ref).join(keys.filter(is_ref).select(*PROMPT, _r="_c"), on=PROMPT), CAND
+            )
+            cand_rows, ref_rows = (keys[k].to_numpy().astype(np.int64) for k in ("_c", "_r"))
+        ids = aligned.Lists(requests["output_token_ids"])
+        seq = parity.sequences_of(keys.select(CAND), aligned.compare_rows(ids, cand_rows, ref_rows))
+        d = seq["first_divergence"].fill_null(-1).to_numpy()
+        at = np.where(d >= 0, d, np.iinfo(np.int32).max)
+        at_d = pl.DataFrame({"_cand_token": ids.at(cand_rows, at), "_ref_token": ids.at(ref_rows, at)}).select(
+            pl.all().replace(-1, None).cast(pl.Int32)
+        )
+        return seq, at_d, request_row
 
     def lists(self, name: str) -> pl.Series:
         """A list column of the cand rows, in their order: loaded with them, or read now."""

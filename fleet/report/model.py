@@ -102,7 +102,7 @@ class RunReport:
         # of the rest: 40 MB at 10M token rows).
         unread = ["prompt_token_ids", "messages", "prompt", "output_text", "shard_id", "finish_reason", "queue_s"]
         scans["requests"] = scans["requests"].drop(unread)
-        t = {name: frame.collect() for name, frame in scans.items()}
+        t = dict(zip(scans, pl.collect_all(scans.values()), strict=True))  # read side by side
         requests = t["requests"]
         judged = task_accuracy.judged(texts)
         accuracy = task_accuracy.accuracy_of(judged, ref)
