@@ -31,10 +31,11 @@ from fleet.cli_args import EXIT_USAGE, MAX_LINE, parser
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from fleet.contracts.errors import StoreError
     from fleet.contracts.gates import Gate
     from fleet.report.model import RunReport
 
-EXIT_OK, EXIT_PARTIAL, EXIT_GATES = 0, 3, 4
+EXIT_OK, EXIT_PARTIAL, EXIT_GATES, EXIT_STORE = 0, 3, 4, 6
 EXIT_MEANING = {
     ("run", EXIT_PARTIAL): "the run is partial (run.json names what failed) and no gate checks it",
     ("run", EXIT_GATES): "a gate failed",
@@ -49,7 +50,7 @@ MAX_LINES = 3  # what a UserError may print (lines of at most MAX_LINE): the res
 def main(argv: list[str] | None = None) -> int:
     """The one error boundary of every verb: a UserError is at most 3 short lines and exit 2; any
     other exception is a bug, shown with its traceback, exit 1."""
-    from fleet.contracts.errors import UserError
+    from fleet.contracts.errors import StoreError, UserError
 
     args = parser().parse_args(argv)
     try:
@@ -59,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(user_message(e), file=sys.stderr)
         return EXIT_USAGE
+    except StoreError as e:
+        print(store_message(e), file=sys.stderr)
+        print(f"fleet {args.command}: exit {EXIT_STORE}: the results store refused a write", file=sys.stderr)
+        return EXIT_STORE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -74,6 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     if (args.command, code) in EXIT_MEANING:  # a last line for wrappers that keep only 0 / not 0 (ray job submit)
         print(f"fleet {args.command}: exit {code}: {EXIT_MEANING[args.command, code]}", file=sys.stderr)
     return code
+
+
+def store_message(error: StoreError) -> str:
+    """What a refused write says: where, why, and how the run goes on."""
+    from fleet.contracts.inputs import cut
+
+    lines = [f"error: the results store refused a write: {cut(error.path, 200)}: {cut(error.reason, 200)}"]
+    if error.run_dir is not None:
+        lines.append("the run stops here, its committed shards kept; once the store takes writes again, continue it:")
+        lines.append(f"fleet run --resume {error.run_dir}")
+    return "\n".join(lines)
 
 
 def user_message(error: Exception) -> str:
@@ -186,7 +202,13 @@ def _report(args: argparse.Namespace) -> int:
     chosen = gates.load(args.gates) if args.gates else None
     report, code = _summarize(_run_dir(args.run_dir, args.results), chosen, top=args.top)
     for out, render in outputs:
-        out.write_text(render(report), encoding="utf-8")
+        try:
+            out.write_text(render(report), encoding="utf-8")
+        except OSError as e:  # checked before the work, yet full, or a path no file can be made at
+            from fleet.contracts.errors import UserError
+
+            msg = f"{out}: cannot write it: {e.strerror or e}"
+            raise UserError(msg) from None
         print(f"wrote {out}")
     return code
 

@@ -158,6 +158,12 @@ def test_report_output_into_a_missing_folder_fails_before_the_summary(double_run
     assert out == ""  # nothing printed first, then a crash
 
 
+def test_report_output_that_cannot_be_made_is_a_clear_error(double_run: Path) -> None:
+    """A folder that exists but takes no such file (/proc: the check before the work passes)."""
+    code, _, err = run_cli("report", double_run, "--markdown", "/proc/fleet-report.md")
+    assert_user_error(code, err, "/proc/fleet-report.md: cannot write it")
+
+
 def test_an_internal_error_is_a_traceback_and_says_it_is_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
     from fleet.run import check as before_ray
 

@@ -7,29 +7,46 @@ A reader therefore never sees half a file under a name it picks up (readers skip
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from fleet.contracts.errors import StoreError
+
 
 def put(fs: pafs.FileSystem, path: str, data: bytes | pa.Buffer) -> None:
     """`path` holds `data` whole or not at all. The local temp name is unique to this call: two
     processes writing one file (readers refreshing a catalog) must not write into each other's."""
-    if isinstance(fs, pafs.LocalFileSystem):
-        directory, name = path.rsplit("/", 1)
-        fs.create_dir(directory, recursive=True)
-        tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
-        try:
-            Path(tmp).write_bytes(data)
-            sync_and_rename(tmp, path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)  # only left when the write failed
-    else:
-        with fs.open_output_stream(path) as out:
-            out.write(data)
+    with refused(path):
+        if isinstance(fs, pafs.LocalFileSystem):
+            directory, name = path.rsplit("/", 1)
+            fs.create_dir(directory, recursive=True)
+            tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+            try:
+                Path(tmp).write_bytes(data)
+                sync_and_rename(tmp, path)
+            finally:
+                Path(tmp).unlink(missing_ok=True)  # only left when the write failed
+        else:
+            with fs.open_output_stream(path) as out:
+                out.write(data)
+
+
+@contextlib.contextmanager
+def refused(path: str) -> Iterator[None]:
+    """An OSError while writing `path` (no space, no permission, an object store's error) as a
+    StoreError that names the path: the run's storage failed, not fleet."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except OSError as e:
+        raise StoreError(path, e.strerror or str(e)) from e
 
 
 def sync_and_rename(tmp: str, path: str) -> None:

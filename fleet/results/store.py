@@ -31,7 +31,7 @@ from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import inside
 from fleet.contracts.spec import PROBE_KINDS
 from fleet.results import catalog_files
-from fleet.results.atomic import put, sync_and_rename
+from fleet.results.atomic import put, refused, sync_and_rename
 
 RUN_JSON = "run.json"
 # Where rows wait uncommitted (fleet/results/staging.py): a dot directory, which no reader lists.
@@ -135,9 +135,13 @@ class RunStore:
         # The names in it are validated already; this is the guard that the layout stays in the run.
         inside(self.root, path, what=f"{table} rows of {shard_id[:200]}", local=self.local)
         if self.local:  # straight to the temp file: no in-memory copy of a big shard
-            tmp = self._temp(path)
-            pq.write_table(data, tmp, **_options(data.schema))
-            sync_and_rename(tmp, path)
+            with refused(path):
+                tmp = self._temp(path)
+                try:
+                    pq.write_table(data, tmp, **_options(data.schema))
+                    sync_and_rename(tmp, path)
+                finally:
+                    Path(tmp).unlink(missing_ok=True)  # only left when the write failed
         else:
             put(self.fs, path, encoded(data))
         if area is not None:
@@ -160,9 +164,10 @@ class RunStore:
             raise ValueError(f"{ready}: not in {prefix}")
         final = f"{self.root}/{ready.removeprefix(prefix)}"
         inside(self.root, final, what=f"committed file {ready[-200:]}", local=self.local)
-        if self.local:
-            self.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
-        self.fs.move(ready, final)
+        with refused(final):
+            if self.local:
+                self.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
+            self.fs.move(ready, final)
         return final
 
     @property

@@ -8,11 +8,13 @@ so bad input never leaves a run directory behind.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from fleet.contracts.errors import StoreError
 from fleet.results.direct import DirectSink, actors_write
 from fleet.results.info import RunInfo
 from fleet.results.packed import PackSink
@@ -125,20 +127,34 @@ def _execute(
             outcome = Loop(manifest, plans, store, bar, cluster=cluster, gates_of=gates_of, sink=sink).run()
         outcome.failures = (failed_before_start or {}) | outcome.failures
         status = "partial" if outcome.partial else "complete"
-    finally:
-        store.update_info(
-            status=status,
-            finished_at=now(),
-            provenance=(before.provenance if before else {}) | outcome.provenance,
-            failures=outcome.failures,
-            failed_shards=outcome.failed_shards,
-            retries=(before.retries if before else 0) + outcome.retries,
-            models=(before.timeline if before else {}) | outcome.timeline,
-            cluster=cluster_info(),
-            # Who wrote the rows (run.write; the last session's).
-            write="actors" if isinstance(sink, DirectSink) else "driver",
-        )
+    except StoreError as e:  # the store refused a write: the run stops, resumable (the CLI says how)
+        e.run_dir = str(store.root)
+        with contextlib.suppress(StoreError):  # a full disk refuses run.json too: the first error is the one to show
+            _record(store, "interrupted", outcome, before, cluster=cluster, sink=sink)
+        raise
+    except BaseException:
+        _record(store, status, outcome, before, cluster=cluster, sink=sink)
+        raise
+    _record(store, status, outcome, before, cluster=cluster, sink=sink)
     return outcome
+
+
+def _record(
+    store: RunStore, status: str, outcome: Outcome, before: RunInfo | None, *, cluster: dict[str, float], sink: object
+) -> None:
+    """run.json: how the run's session ended, and what it did."""
+    store.update_info(
+        status=status,
+        finished_at=now(),
+        provenance=(before.provenance if before else {}) | outcome.provenance,
+        failures=outcome.failures,
+        failed_shards=outcome.failed_shards,
+        retries=(before.retries if before else 0) + outcome.retries,
+        models=(before.timeline if before else {}) | outcome.timeline,
+        cluster=cluster_info(),
+        # Who wrote the rows (run.write; the last session's).
+        write="actors" if isinstance(sink, DirectSink) else "driver",
+    )
 
 
 def _drill(
