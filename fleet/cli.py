@@ -48,8 +48,9 @@ MAX_LINES = 3  # what a UserError may print (lines of at most MAX_LINE): the res
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The one error boundary of every verb: a UserError is at most 3 short lines and exit 2; any
-    other exception is a bug, shown with its traceback, exit 1."""
+    """The one error boundary of every verb: a UserError is at most 3 short lines and exit 2; a
+    StoreError (the results store refused a write) says where and how to resume, exit 6; any other
+    exception is a bug, shown with its traceback, exit 1."""
     from fleet.contracts.errors import StoreError, UserError
 
     args = parser().parse_args(argv)
