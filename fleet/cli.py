@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from fleet.report.model import RunReport
 
 EXIT_OK, EXIT_PARTIAL, EXIT_GATES, EXIT_STORE = 0, 3, 4, 6
+EXIT_INTERRUPT, EXIT_TERM = 130, 143  # 128 + SIGINT, SIGTERM: what a shell reports for a process they end
 EXIT_MEANING = {
     ("run", EXIT_PARTIAL): "the run is partial (run.json names what failed) and no gate checks it",
     ("run", EXIT_GATES): "a gate failed",
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     """The one error boundary of every verb: a UserError is at most 3 short lines and exit 2; a
     StoreError (the results store refused a write) says where and how to resume, exit 6; any other
     exception is a bug, shown with its traceback, exit 1."""
-    from fleet.contracts.errors import StoreError, UserError
+    from fleet.contracts.errors import Stopped, StoreError, UserError
 
     args = parser().parse_args(argv)
     try:
@@ -65,9 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         print(store_message(e), file=sys.stderr)
         print(f"fleet {args.command}: exit {EXIT_STORE}: the results store refused a write", file=sys.stderr)
         return EXIT_STORE
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM while a run goes (Stopped)
+        from fleet.run.cluster import terminated
+
+        stopped = isinstance(e, Stopped) or terminated()
+        print(interrupted_message(e, stopped=stopped), file=sys.stderr)
+        return EXIT_TERM if stopped else EXIT_INTERRUPT
     except SystemExit:
         raise
     except BaseException:  # noqa: BLE001  (the boundary: anything else, Polars panics included, is a bug)
@@ -80,6 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     if (args.command, code) in EXIT_MEANING:  # a last line for wrappers that keep only 0 / not 0 (ray job submit)
         print(f"fleet {args.command}: exit {code}: {EXIT_MEANING[args.command, code]}", file=sys.stderr)
     return code
+
+
+def interrupted_message(stop: KeyboardInterrupt, *, stopped: bool) -> str:
+    """What Ctrl-C or SIGTERM (`stopped`) says: the run's committed shards are kept, and how to go on."""
+    what = "stopped (SIGTERM)" if stopped else "interrupted"
+    run_dir = getattr(stop, "run_dir", None)
+    if run_dir is None:
+        return what
+    return f"{what}: the run's committed shards are kept; continue it with: fleet run --resume {run_dir}"
 
 
 def store_message(error: StoreError) -> str:

@@ -26,3 +26,8 @@ class StoreError(OSError):
 
     def __reduce__(self) -> tuple[type[StoreError], tuple[str, str]]:
         return StoreError, (self.path, self.reason)  # raised in an actor, it crosses Ray pickled
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM while a run goes (`ray job stop`, a scheduler's preemption, `kill`): the run stops as
+    on Ctrl-C, recorded `interrupted`, resumable; the CLI exits 143 (128 + SIGTERM)."""

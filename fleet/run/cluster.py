@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet.contracts.errors import UserError
+from fleet.contracts.errors import Stopped, UserError
 from fleet.run.placement import check_fits
 
 if TYPE_CHECKING:
@@ -45,10 +46,43 @@ def ray_cluster(address: str | None, *, verbose: bool, num_cpus: int | None = No
     import ray
 
     try:
-        yield ray.cluster_resources()
+        with _stopped_by_sigterm():
+            yield ray.cluster_resources()
     finally:
         if started_here:
             ray.shutdown()
+
+
+_TERMINATED = threading.Event()
+
+
+def terminated() -> bool:
+    """Whether the last run of this process was stopped by SIGTERM (see `_stopped_by_sigterm`)."""
+    return _TERMINATED.is_set()
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm() -> Iterator[None]:
+    """SIGTERM raises Stopped in the main thread, as SIGINT raises KeyboardInterrupt: the run records
+    itself `interrupted` and the CLI says how to resume. Installed after Ray's start, it also takes
+    the place of Ray's C++ handler, which printed a stack dump and ended the driver with SIGABRT.
+    Not in another thread (a driver run from a library's worker thread keeps what it has)."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(*_: object) -> None:
+        _TERMINATED.set()  # inside a Ray call, Ray raises its own KeyboardInterrupt instead of this
+        raise Stopped
+
+    _TERMINATED.clear()
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def check_cluster(manifest: Manifest, cluster: dict[str, float], where: str | Path) -> None:

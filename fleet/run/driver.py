@@ -132,7 +132,9 @@ def _execute(
         with contextlib.suppress(StoreError):  # a full disk refuses run.json too: the first error is the one to show
             _record(store, "interrupted", outcome, before, cluster=cluster, sink=sink)
         raise
-    except BaseException:
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C or SIGTERM: the CLI says how to resume
+            e.run_dir = str(store.root)  # type: ignore[attr-defined]
         _record(store, status, outcome, before, cluster=cluster, sink=sink)
         raise
     _record(store, status, outcome, before, cluster=cluster, sink=sink)

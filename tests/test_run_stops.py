@@ -1,0 +1,91 @@
+"""A run that stops mid-way for a reason outside fleet stops resumable, with a message and its own
+exit code, not "a bug in fleet-eval" and a traceback:
+
+- a results store that refuses a write (a full disk, a quota, a read-only mount): exit 6. The
+  refusal is the kernel's own: once some shards are committed, the running driver's file-size limit
+  (RLIMIT_FSIZE, lowered from outside with prlimit) goes below a shard file's size, so its next
+  write fails with EFBIG as a full disk fails with ENOSPC (Python ignores SIGXFSZ, so the write
+  returns the error rather than the signal ending the process);
+- SIGTERM (`ray job stop`, a scheduler's preemption): exit 143, where Ray's own handler printed a
+  stack dump and aborted the driver (exit 134).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from test_faults import assert_exactly_once, assert_no_actors_left, free_session_ray, write_manifest
+
+from fleet.run import driver
+
+
+def _started(ray: Any, tmp_path: Path, run_id: str) -> subprocess.Popen[str]:
+    """`fleet run` of 12 shards of 2 prompts on the session's Ray, once two shards are committed."""
+    manifest = write_manifest(tmp_path, cand=", seconds_per_token: 0.05")
+    cmd = [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(tmp_path / "results")]
+    env = os.environ | {"RAY_ADDRESS": free_session_ray(ray)}
+    run = subprocess.Popen(
+        [*cmd, "--run-id", run_id, "--no-progress"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    shards = tmp_path / "results" / run_id / "shards"
+    deadline = time.monotonic() + 180
+    while len(list(shards.glob("**/*.parquet"))) < 2 and run.poll() is None:
+        if time.monotonic() > deadline:
+            run.kill()
+            raise AssertionError("no shard was committed")
+        time.sleep(0.05)
+    return run
+
+
+def _ended(run: subprocess.Popen[str]) -> str:
+    try:
+        return run.communicate(timeout=180)[1]
+    finally:
+        if run.poll() is None:
+            run.kill()
+
+
+def test_a_refused_write_stops_the_run_resumable(local_ray: Any, tmp_path: Path) -> None:
+    run = _started(local_ray, tmp_path, "full")
+    resource.prlimit(run.pid, resource.RLIMIT_FSIZE, (256, 256))  # no shard file is that small
+    stderr = _ended(run)
+    results = tmp_path / "results"
+    assert run.returncode == 6, stderr[-3000:]
+    assert "error: the results store refused a write: " in stderr and "File too large" in stderr, stderr[-3000:]
+    assert f"fleet run --resume {results / 'full'}" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert "fleet run: exit 6: the results store refused a write" in stderr
+    assert not list((results / "full").glob("**/.*.tmp"))  # no half-written file left beside the rows
+    # run.json could not be updated either (it is larger than the limit): it still says running.
+    assert json.loads((results / "full" / "run.json").read_text())["status"] == "running"
+
+    # With the store taking writes again: every row once, every candidate row scored.
+    run_dir, outcome = driver.resume(results / "full", progress=False)
+    assert not outcome.partial and not outcome.failures
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
+    assert_exactly_once(run_dir)
+    assert_no_actors_left()
+
+
+def test_sigterm_stops_the_run_resumable(local_ray: Any, tmp_path: Path) -> None:
+    run = _started(local_ray, tmp_path, "term")
+    run.send_signal(signal.SIGTERM)
+    stderr = _ended(run)
+    run_dir = tmp_path / "results" / "term"
+    assert run.returncode == 143, stderr[-3000:]
+    expected = f"stopped (SIGTERM): the run's committed shards are kept; continue it with: fleet run --resume {run_dir}"
+    assert expected in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr and "SIGTERM received" not in stderr, stderr[-3000:]  # Ray's stack dump
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert_no_actors_left()  # its actors went with its Ray job (the resume is the refused write's test)
