@@ -89,3 +89,20 @@ def test_sigterm_stops_the_run_resumable(local_ray: Any, tmp_path: Path) -> None
     assert "Traceback" not in stderr and "SIGTERM received" not in stderr, stderr[-3000:]  # Ray's stack dump
     assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
     assert_no_actors_left()  # its actors went with its Ray job (the resume is the refused write's test)
+
+
+def test_the_sigterm_handler_is_the_runs_only() -> None:
+    """Within a run SIGTERM raises Stopped and is remembered; after it, the handler before is back."""
+    from fleet.contracts.errors import Stopped
+    from fleet.run import cluster
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with cluster._stopped_by_sigterm():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs at the next bytecode boundary
+        raise AssertionError("SIGTERM did not stop the block")
+    except Stopped:
+        pass
+    assert cluster.terminated()
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -82,7 +82,8 @@ def _stopped_by_sigterm() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        # None: the handler before was not Python's (an embedding's); the default is the honest guess.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
 def check_cluster(manifest: Manifest, cluster: dict[str, float], where: str | Path) -> None:
