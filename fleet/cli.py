@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     """The one error boundary of every verb: a UserError is at most 3 short lines and exit 2; a
     StoreError (the results store refused a write) says where and how to resume, exit 6; any other
     exception is a bug, shown with its traceback, exit 1."""
-    from fleet.contracts.errors import Stopped, StoreError, UserError
+    from fleet.contracts.errors import StoreError, UserError
 
     args = parser().parse_args(argv)
     try:
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM while a run goes (Stopped)
         from fleet.run.cluster import terminated
 
-        stopped = isinstance(e, Stopped) or terminated()
+        stopped = terminated()  # Ray turns the handler's Stopped into its own KeyboardInterrupt
         print(interrupted_message(e, stopped=stopped), file=sys.stderr)
         return EXIT_TERM if stopped else EXIT_INTERRUPT
     except SystemExit:

@@ -20,21 +20,29 @@ from fleet.contracts.errors import StoreError
 
 
 def put(fs: pafs.FileSystem, path: str, data: bytes | pa.Buffer) -> None:
-    """`path` holds `data` whole or not at all. The local temp name is unique to this call: two
+    """`path` holds `data` whole or not at all."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        with written_beside(fs, path) as tmp:
+            Path(tmp).write_bytes(data)
+        return
+    with refused(path), fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+@contextlib.contextmanager
+def written_beside(fs: pafs.LocalFileSystem, path: str) -> Iterator[str]:
+    """A hidden temp name beside local `path` (its directory made) for the block to write; then
+    flushed and renamed to `path`, or removed if the block failed. Unique to this call: two
     processes writing one file (readers refreshing a catalog) must not write into each other's."""
     with refused(path):
-        if isinstance(fs, pafs.LocalFileSystem):
-            directory, name = path.rsplit("/", 1)
-            fs.create_dir(directory, recursive=True)
-            tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
-            try:
-                Path(tmp).write_bytes(data)
-                sync_and_rename(tmp, path)
-            finally:
-                Path(tmp).unlink(missing_ok=True)  # only left when the write failed
-        else:
-            with fs.open_output_stream(path) as out:
-                out.write(data)
+        directory, name = path.rsplit("/", 1)
+        fs.create_dir(directory, recursive=True)
+        tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+        try:
+            yield tmp
+            sync_and_rename(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)  # only left when the write failed
 
 
 @contextlib.contextmanager

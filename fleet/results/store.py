@@ -31,7 +31,7 @@ from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import inside
 from fleet.contracts.spec import PROBE_KINDS
 from fleet.results import catalog_files
-from fleet.results.atomic import put, refused, sync_and_rename
+from fleet.results.atomic import put, refused, written_beside
 
 RUN_JSON = "run.json"
 # Where rows wait uncommitted (fleet/results/staging.py): a dot directory, which no reader lists.
@@ -135,13 +135,8 @@ class RunStore:
         # The names in it are validated already; this is the guard that the layout stays in the run.
         inside(self.root, path, what=f"{table} rows of {shard_id[:200]}", local=self.local)
         if self.local:  # straight to the temp file: no in-memory copy of a big shard
-            with refused(path):
-                tmp = self._temp(path)
-                try:
-                    pq.write_table(data, tmp, **_options(data.schema))
-                    sync_and_rename(tmp, path)
-                finally:
-                    Path(tmp).unlink(missing_ok=True)  # only left when the write failed
+            with written_beside(self.fs, path) as tmp:
+                pq.write_table(data, tmp, **_options(data.schema))
         else:
             put(self.fs, path, encoded(data))
         if area is not None:
@@ -238,12 +233,6 @@ class RunStore:
         path = "/".join([self.root, *name.split("/")])
         inside(self.root, path, what=name[:200], local=self.local)
         put(self.fs, path, text.encode())
-
-    def _temp(self, path: str) -> str:
-        """A hidden name beside local `path` (its directory created) that readers skip."""
-        directory, name = path.rsplit("/", 1)
-        self.fs.create_dir(directory, recursive=True)
-        return f"{directory}/.{name}.tmp"
 
 
 def stamped(table: str, data: pa.Table, run_id: str) -> pa.Table:

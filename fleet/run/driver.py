@@ -127,15 +127,11 @@ def _execute(
             outcome = Loop(manifest, plans, store, bar, cluster=cluster, gates_of=gates_of, sink=sink).run()
         outcome.failures = (failed_before_start or {}) | outcome.failures
         status = "partial" if outcome.partial else "complete"
-    except StoreError as e:  # the store refused a write: the run stops, resumable (the CLI says how)
-        e.run_dir = str(store.root)
-        with contextlib.suppress(StoreError):  # a full disk refuses run.json too: the first error is the one to show
-            _record(store, "interrupted", outcome, before, cluster=cluster, sink=sink)
-        raise
     except BaseException as e:
-        if isinstance(e, KeyboardInterrupt):  # Ctrl-C or SIGTERM: the CLI says how to resume
-            e.run_dir = str(store.root)  # type: ignore[attr-defined]
-        _record(store, status, outcome, before, cluster=cluster, sink=sink)
+        # Where the CLI says to resume, after a refused store write, Ctrl-C or SIGTERM.
+        e.run_dir = str(store.root)  # type: ignore[attr-defined]
+        with contextlib.suppress(StoreError):  # a full disk refuses run.json too: the first error is the one to show
+            _record(store, status, outcome, before, cluster=cluster, sink=sink)
         raise
     _record(store, status, outcome, before, cluster=cluster, sink=sink)
     return outcome
