@@ -5,7 +5,9 @@ exit code, not "a bug in fleet-eval" and a traceback:
   refusal is the kernel's own: once some shards are committed, the running driver's file-size limit
   (RLIMIT_FSIZE, lowered from outside with prlimit) goes below a shard file's size, so its next
   write fails with EFBIG as a full disk fails with ENOSPC (Python ignores SIGXFSZ, so the write
-  returns the error rather than the signal ending the process);
+  returns the error rather than the signal ending the process). Where the actors write their own
+  rows (run.write: actors) it is their limit, and the run stops the same way: retrying the shard on
+  a new engine would meet the same store;
 - SIGTERM (`ray job stop`, a scheduler's preemption): exit 143, where Ray's own handler printed a
   stack dump and aborted the driver (exit 134).
 """
@@ -27,10 +29,10 @@ from test_faults import assert_exactly_once, assert_no_actors_left, free_session
 from fleet.run import driver
 
 
-def _started(ray: Any, tmp_path: Path, run_id: str) -> subprocess.Popen[str]:
+def _started(ray: Any, tmp_path: Path, run_id: str, *flags: str) -> subprocess.Popen[str]:
     """`fleet run` of 12 shards of 2 prompts on the session's Ray, once two shards are committed."""
     manifest = write_manifest(tmp_path, cand=", seconds_per_token: 0.05")
-    cmd = [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(tmp_path / "results")]
+    cmd = [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(tmp_path / "results"), *flags]
     env = os.environ | {"RAY_ADDRESS": free_session_ray(ray)}
     run = subprocess.Popen(
         [*cmd, "--run-id", run_id, "--no-progress"],
@@ -75,6 +77,48 @@ def test_a_refused_write_stops_the_run_resumable(local_ray: Any, tmp_path: Path)
     assert not outcome.partial and not outcome.failures
     assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
     assert_exactly_once(run_dir)
+    assert_no_actors_left()
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _session_target_actors() -> list[int]:
+    """The target actors on this process's Ray: workers of the raylet this process started."""
+    actors = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            title = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if title.startswith(b"ray::TargetActor") and _parent(_parent(int(proc.name))) == os.getpid():
+            actors.append(int(proc.name))
+    return actors
+
+
+def test_a_store_refusing_an_actors_write_stops_the_run_resumable(local_ray: Any, tmp_path: Path) -> None:
+    run = _started(local_ray, tmp_path, "full", "--set", "run.write=actors")
+    actors = _session_target_actors()
+    assert actors
+    for pid in actors:  # those started later write freely: the run stops at the first refusal
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (256, 256))
+    stderr = _ended(run)
+    results = tmp_path / "results"
+    assert run.returncode == 6, stderr[-3000:]
+    assert f"error: the results store refused a write: {results / 'full' / '.staging'}" in stderr, stderr[-3000:]
+    assert "File too large" in stderr and f"fleet run --resume {results / 'full'}" in stderr, stderr[-3000:]
+    assert "retry" not in stderr and "Traceback" not in stderr, stderr[-3000:]  # no new engine met it again
+    assert json.loads((results / "full" / "run.json").read_text())["status"] == "interrupted"
+
+    run_dir, outcome = driver.resume(results / "full", progress=False)
+    assert not outcome.partial and not outcome.failures
+    assert json.loads((run_dir / "run.json").read_text())["write"] == "actors"
+    assert_exactly_once(run_dir)
+    assert not (run_dir / ".staging").exists()
     assert_no_actors_left()
 
 

@@ -21,7 +21,8 @@ Faults: a call that fails or outlives its timeout gets its actor replaced (engin
 with it) and the shard retried, up to `run.max_attempts`; then the shard is recorded as failed
 and the run goes on. A target whose actor cannot start fails as a whole, as does one that no live
 node can hold any more, once it has waited a while for a node to join (fleet/run/lost_room.py).
-A run whose Ray head stops answering ends, resumable (fleet/run/head_watch.py).
+A run whose Ray head stops answering ends, resumable (fleet/run/head_watch.py), as does one whose
+results store refuses an actor's write (a StoreError, as when it refuses the driver's).
 
 A `Work` item says what should follow its result or its abandonment (`Effects`); the loop hands
 every ended call to fleet/run/follow_up.py, the one place that applies it: rows stored, work
@@ -37,6 +38,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from fleet.contracts.errors import StoreError
 from fleet.results.direct import DirectSink, actor_env
 from fleet.results.packed import PackSink
 from fleet.results.staging import Staging
@@ -250,6 +252,11 @@ class Loop:
         try:
             result = ray.get(call)
         except Exception as e:  # noqa: BLE001  (any actor, engine or task error: retry or record)
+            refused = getattr(e, "cause", None)  # Ray's wrapper of the actor's exception
+            if isinstance(refused, StoreError):
+                # The store refused an actor's write (run.write: actors): no engine's fault, and
+                # every retry, each on a new engine, would meet it again. The run stops resumable.
+                raise refused from None
             self._failed(admitted, name, work, _reason(e))
         else:
             # Describe answered: the engine is up (a later failure is then a call's, not the target's).
