@@ -9,6 +9,8 @@ directory name, and each node converts at most once.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import re
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from actors.build_once import build_once
@@ -162,13 +165,29 @@ def convert(gguf_file: Path, out_dir: Path, *, label: str) -> Path:
     return build_once(out_dir, write, marker=MARKER, root=out_dir.parent)
 
 
+@contextlib.contextmanager
+def _tensor_name_maps_built_once() -> Iterator[None]:
+    """transformers maps GGUF tensor names by walking every submodule, and builds gguf's name map
+    (a pure function of architecture and block count) afresh in each: 7.6 s of SmolLM2-135M's 28 s
+    conversion here, for the same output byte for byte. Built once each meanwhile."""
+    import gguf
+
+    built = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.cache(built)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = built
+
+
 def _write_hf(gguf_file: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src_dir, name = gguf_file.parent, gguf_file.name
     # Dequantize in float32, then round once, to bf16, below.
-    quantized = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+    with _tensor_name_maps_built_once():
+        quantized = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
     config = quantized.config
     # The loaded model is flagged GGUF-quantized and refuses save_pretrained; a fresh model from
     # the same config minus quantization_config takes its (dequantized) weights and saves plainly.
