@@ -21,6 +21,7 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from actors.build_once import build_once
 from fleet.contracts.errors import UserError
@@ -158,26 +159,33 @@ def convert(gguf_file: Path, out_dir: Path, *, label: str) -> Path:
     processes at once: actors/build_once.py) and return it."""
 
     def write(tmp: Path) -> str:
-        validate(gguf_file, label=label)
-        _write_hf(gguf_file, tmp)
+        with _parsed_once():
+            validate(gguf_file, label=label)
+            _write_hf(gguf_file, tmp)
         return json.dumps({"gguf": gguf_file.name, "sha256": sha256_file(gguf_file)}) + "\n"
 
     return build_once(out_dir, write, marker=MARKER, root=out_dir.parent)
 
 
 @contextlib.contextmanager
-def _tensor_name_maps_built_once() -> Iterator[None]:
-    """transformers maps GGUF tensor names by walking every submodule, and builds gguf's name map
-    (a pure function of architecture and block count) afresh in each: 7.6 s of SmolLM2-135M's 28 s
-    conversion here, for the same output byte for byte. Built once each meanwhile."""
+def _parsed_once() -> Iterator[None]:
+    """transformers' GGUF loader parses the file afresh for the config, the weights and the
+    tokenizer (its 49k-token vocabulary each time), and maps tensor names by walking every
+    submodule, building gguf's name map (a pure function of architecture and block count) in each.
+    Meanwhile each file is parsed once and each name map built once: SmolLM2-135M's validation and
+    conversion took 28 s of CPU here, for the same files byte for byte. gguf's own functions are
+    put back after."""
     import gguf
 
-    built = gguf.get_tensor_name_map
-    gguf.get_tensor_name_map = functools.cache(built)
+    module: Any = gguf  # its functions replaced meanwhile, which its stubs do not allow
+    reader, name_map = module.GGUFReader, module.get_tensor_name_map
+    parsed = functools.cache(reader)
+    module.GGUFReader = lambda path, mode="r": parsed(str(Path(path).resolve()), mode)
+    module.get_tensor_name_map = functools.cache(name_map)
     try:
         yield
     finally:
-        gguf.get_tensor_name_map = built
+        module.GGUFReader, module.get_tensor_name_map = reader, name_map
 
 
 def _write_hf(gguf_file: Path, out: Path) -> None:
@@ -186,8 +194,7 @@ def _write_hf(gguf_file: Path, out: Path) -> None:
 
     src_dir, name = gguf_file.parent, gguf_file.name
     # Dequantize in float32, then round once, to bf16, below.
-    with _tensor_name_maps_built_once():
-        quantized = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+    quantized = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
     config = quantized.config
     # The loaded model is flagged GGUF-quantized and refuses save_pretrained; a fresh model from
     # the same config minus quantization_config takes its (dequantized) weights and saves plainly.
