@@ -272,8 +272,10 @@ def _summarize(run_dir: str | Path, chosen: list[Gate] | None = None, *, top: in
     """Print the run's summary; the report (computed once, for every format) and the exit code."""
     from fleet.report import text
     from fleet.report.model import RunReport
+    from fleet.report.status import StatusLine
 
-    report = RunReport.build(run_dir, gates=chosen, top=top)
+    with StatusLine() as say:  # on a terminal, the step under way; erased before the report prints
+        report = RunReport.build(run_dir, gates=chosen, top=top, say=say)
     print(text.render(report))
     if report.gates_passed is False:  # before partial: a failed gate is the verdict, whatever else failed
         return report, EXIT_GATES

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,14 +83,25 @@ class RunReport:
         return parity_resample.prompt_frame(seqs, first, per_prompt)
 
     @classmethod
-    def build(cls, run_dir: str | Path, *, gates: Sequence[Gate] | None = None, top: int = 20) -> RunReport:
+    def build(
+        cls,
+        run_dir: str | Path,
+        *,
+        gates: Sequence[Gate] | None = None,
+        top: int = 20,
+        say: Callable[[str], None] = lambda step: None,
+    ) -> RunReport:
         """Read and compute. `gates` None means the gates recorded in run.json; [] means no verdicts.
-        Per-prompt tables keep the `top` worst prompts per candidate (divergences first)."""
+        Per-prompt tables keep the `top` worst prompts per candidate (divergences first). `say` is
+        told each step as it starts (fleet/report/status.py)."""
         with reader.decoding(run_dir):  # a damaged stored table is bad input, wherever it is first read
-            return cls._build(run_dir, gates, top)
+            return cls._build(run_dir, gates, top, say)
 
     @classmethod
-    def _build(cls, run_dir: str | Path, gates: Sequence[Gate] | None, top: int) -> RunReport:
+    def _build(
+        cls, run_dir: str | Path, gates: Sequence[Gate] | None, top: int, say: Callable[[str], None]
+    ) -> RunReport:
+        say("reading the run's tables")
         info = reader.read_info(run_dir)
         ref = info.reference
         scans = reader.load(run_dir)
@@ -109,16 +120,19 @@ class RunReport:
         variants, repeats = info.variants, info.repeats
         spec = NoiseSpec.from_info(info)
         use_stats = reader.covers(run_dir, "prompt_stats", "tokens") and from_stats.usable(stats)
+        say(f"pairing each candidate's answers with the reference's ({requests.height:,} requests)")
         pairs = from_stats.Pairs.load(requests, stats, ref) if use_stats else None
         # The noise floor first: what it allocates is then reused by the figures (after them it
         # would add to their peak, 90 MB at 10M token rows).
         rows = stats if use_stats else tokens
+        say("parity figures")
         noise = figures.noise_floor_of(requests, rows, repeats, stats=use_stats, pairs=pairs) if repeats else None
         if pairs is not None:
             parity, first, per_prompt, seqs = figures.from_pairs(pairs, stats, spec)
         else:  # a run written before prompt_stats: the same figures from its token rows
             parity, first, per_prompt, seqs = figures.from_token_rows(requests, tokens, ref, spec)
         del pairs  # the candidates' stats rows: the largest frames of a big report
+        say(f"the {top} worst prompts of each candidate, perf, probes and gates")
         sequences = figures.worst_sequences(texts, ref, seqs, per_prompt, top)
         # One row per run of a level; a sweep's probes (probe > 0) go to its own section, not the levels'.
         runs = perf_summary(t["perf_requests"], t["perf_levels"], slos(info)) if t["perf_levels"].height else None
