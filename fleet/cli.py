@@ -285,10 +285,12 @@ def _summarize(run_dir: str | Path, chosen: list[Gate] | None = None, *, top: in
 def _compare(args: argparse.Namespace) -> int:
     from fleet.analysis import gates
     from fleet.report import compare
+    from fleet.report.status import StatusLine
 
     chosen = gates.load(args.gates) if args.gates else None
     # Run ids resolve as in `fleet report` (one function, so the two verbs never drift apart).
-    a, b = (compare.report(_run_dir(run, args.results)) for run in (args.run_a, args.run_b))
+    with StatusLine() as say:  # on a terminal, the step under way (each run's report in turn)
+        a, b = (compare.report(_run_dir(run, args.results), say) for run in (args.run_a, args.run_b))
     print(compare.render(compare.compare(a, b, gates=chosen), run_a=a, run_b=b))
     return EXIT_OK
 

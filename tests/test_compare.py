@@ -251,6 +251,20 @@ def test_parity_resample_with_every_prompt_drawn_once_is_the_report(tmp_path: Pa
         prompts.figure("n_prompts", once)
 
 
+@pytest.mark.parametrize("stats", [False, True], ids=["token-rows", "prompt-stats"])
+def test_a_run_compared_with_itself_moves_by_nothing(tmp_path: Path, stats: bool) -> None:
+    """Two reports of the same rows differ in a few figures' last bits (Polars' threads order their
+    sums): r came out 1e-16 apart, a delta `fleet compare` called better. Those are no change."""
+    from test_report_aggregates import add_prompt_stats  # here: that module imports this one
+
+    run = _prompts_run(tmp_path / "a", 40, diverge_every=3)
+    if stats:
+        add_prompt_stats(run)
+    for _ in range(5):
+        frame = compare.compare(run, run)
+        assert frame.filter(pl.col("delta") != 0).is_empty() and frame["direction"].null_count() == frame.height
+
+
 def test_parity_delta_interval_holds_the_delta_and_narrows_with_more_prompts(tmp_path: Path) -> None:
     widths = {}
     for n in (8, 32):

@@ -309,46 +309,55 @@ def test_cli_report_writes_every_format_and_exits_on_gates(
     assert "## Gates: PASS" in capsys.readouterr().out
 
 
-def test_report_names_its_steps_on_a_terminal_only(full: RunReport) -> None:
+def test_report_and_compare_name_their_steps_on_a_terminal_only(full: RunReport) -> None:
     """stderr a terminal (a pseudo-terminal here): each step on one line, rewritten, and erased before
     the report; stderr a pipe: only the exit line. The report on stdout the same either way."""
-    import os
-    import pty
     import subprocess
     import sys
 
     from fleet.report.status import ERASE
 
-    cmd = [sys.executable, "-m", "fleet", "report", str(full.run_dir)]
-    master, terminal = pty.openpty()
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=terminal) as shown:
-        os.close(terminal)
-        seen = b""
-        while chunk := _read_or_none(master):
-            seen += chunk
-        out = shown.communicate(timeout=120)[0]
-    os.close(master)
-    piped = subprocess.run(cmd, capture_output=True, timeout=120, check=False)
-    assert shown.returncode == piped.returncode == 4 and out == piped.stdout  # its gates: FAIL
-    *steps, after = seen.decode().split(ERASE)  # after the last erase: what a pipe gets too
-    assert after.replace("\r\n", "\n") == piped.stderr.decode() == "fleet report: exit 4: a gate failed\n"
-    assert [s.split(" (")[0] for s in steps[1:]] == [
+    steps = [
         "report: reading the run's tables",
         "report: pairing each candidate's answers with the reference's",
         "report: parity figures",
         "report: the 20 worst prompts of each candidate, perf, probes and gates",
     ]
-    assert steps[0] == ""
+    run = str(full.run_dir)
+    for verb, code, shown in (("report", 4, steps), ("compare", 0, steps * 2)):  # full's gates: FAIL
+        cmd = [sys.executable, "-m", "fleet", verb, run, *([run] if verb == "compare" else [])]
+        returncode, out, err = _on_a_terminal(cmd)
+        piped = subprocess.run(cmd, capture_output=True, timeout=120, check=False)
+        assert returncode == piped.returncode == code, verb
+        # compare's last digits may differ between two processes (test_compare: no change below 1e-12)
+        assert out == piped.stdout if verb == "report" else out.startswith(b"# A: "), verb
+        *lines, after = err.split(ERASE)  # after the last erase: what a pipe gets too
+        assert after.replace("\r\n", "\n") == piped.stderr.decode(), verb
+        assert lines[0] == "" and [line.split(" (")[0] for line in lines[1:]] == shown, verb
+    assert piped.stderr == b""
 
 
-def _read_or_none(fd: int) -> bytes | None:
-    """What a pseudo-terminal's master side has; None once the other side is closed (EIO on Linux)."""
+def _on_a_terminal(cmd: list[str]) -> tuple[int, bytes, str]:
+    """(exit code, stdout, stderr) of `cmd` with stderr on a pseudo-terminal."""
     import os
+    import pty
+    import subprocess
 
-    try:
-        return os.read(fd, 4096) or None
-    except OSError:
-        return None
+    master, terminal = pty.openpty()
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=terminal) as proc:
+        os.close(terminal)
+        err = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the other side is closed (Linux)
+                break
+            if not chunk:
+                break
+            err += chunk
+        out = proc.communicate(timeout=120)[0]
+    os.close(master)
+    return proc.returncode, out, err.decode()
 
 
 def test_compare_checks_accuracy_and_probe_gates(tmp_path: Path) -> None:
