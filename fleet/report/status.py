@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import IO
 
 ERASE = "\r\x1b[K"  # back to the line's start, then clear it
 
@@ -15,9 +14,9 @@ ERASE = "\r\x1b[K"  # back to the line's start, then clear it
 class StatusLine:
     """Call it with each step's name; use it as a context manager, so the line goes on any exit."""
 
-    def __init__(self, stream: IO[str] | None = None, *, tty: bool | None = None) -> None:
-        self.stream = stream or sys.stderr
-        self.on = self.stream.isatty() if tty is None else tty
+    def __init__(self) -> None:
+        self.stream = sys.stderr
+        self.on = self.stream.isatty()
         self.started = time.monotonic()
 
     def __call__(self, step: str) -> None:
