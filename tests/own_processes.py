@@ -25,3 +25,11 @@ def own(pid: int | str) -> bool:
 def own_lines(ps_output: str) -> list[str]:
     """The lines of `ps -eo pid,...` output (pid first) whose process is this session's."""
     return [line for line in ps_output.splitlines() if line.split(None, 1)[:1] and own(line.split(None, 1)[0])]
+
+
+def parent(pid: int | str) -> int:
+    """The parent's pid of a live process; 0 once it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0

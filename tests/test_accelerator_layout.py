@@ -27,6 +27,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from own_processes import parent
 
 from fleet.analysis import parity as analysis
 from fleet.results import reader
@@ -121,10 +122,7 @@ def _kill_mid_shard(run: subprocess.Popen[str], timeout: float = 600) -> tuple[i
             pid = proc.name
             if "EngineCore" not in _cmdline(pid):
                 continue
-            try:
-                actor = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
+            actor = parent(pid)
             if _cmdline(actor).startswith("ray::TargetActor.generate") and _marked(actor):
                 os.kill(actor, signal.SIGKILL)
                 return actor, int(pid)

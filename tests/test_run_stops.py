@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from own_processes import parent
 from test_faults import assert_exactly_once, assert_no_actors_left, free_session_ray, write_manifest
 
 from fleet.run import driver
@@ -81,13 +82,6 @@ def test_a_refused_write_stops_the_run_resumable(local_ray: Any, tmp_path: Path)
     assert_no_actors_left()
 
 
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def _session_target_actors() -> list[int]:
     """The target actors on this process's Ray: workers of the raylet this process started."""
     actors = []
@@ -96,7 +90,7 @@ def _session_target_actors() -> list[int]:
             title = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if title.startswith(b"ray::TargetActor") and _parent(_parent(int(proc.name))) == os.getpid():
+        if title.startswith(b"ray::TargetActor") and parent(parent(proc.name)) == os.getpid():
             actors.append(int(proc.name))
     return actors
 
