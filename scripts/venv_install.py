@@ -65,9 +65,11 @@ LINE = re.compile(r"^(?P<scope>[^.]+)\.(?P<key>[^=]+)=(?P<value>'.*'|\".*\")$") 
 
 def pip_settings() -> dict[str, str]:
     """pip's settings as `pip install` sees them: key -> value, the strongest scope's."""
-    out = subprocess.run([*PIP, "config", "list"], capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run([*PIP, "config", "list"], capture_output=True, text=True)
+    if listed.returncode:
+        raise OSError(f"pip config list failed: {listed.stderr.strip()}")
     found: dict[str, dict[str, str]] = {}
-    for line in out.splitlines():
+    for line in listed.stdout.splitlines():
         if (m := LINE.match(line)) and m["scope"] in SCOPES:
             found.setdefault(m["key"], {})[m["scope"]] = ast.literal_eval(m["value"])
     return {key: next(by[s] for s in reversed(SCOPES) if s in by) for key, by in found.items()}
@@ -94,13 +96,16 @@ def uv_or_why() -> tuple[list[str], dict[str, str]] | str:
     """uv's flags and environment, or why this installs with pip."""
     if os.environ.get("FLEET_INSTALLER", "uv") == "pip":
         return "FLEET_INSTALLER=pip"
-    translated = uv_arguments(pip_settings())
+    try:
+        translated = uv_arguments(pip_settings())
+    except OSError as e:  # pip's configuration unreadable: pip itself will say more
+        return str(e)
     if isinstance(translated, str):
         return translated
     if not UV.exists():
         got = subprocess.run([*PIP, "install", "--quiet", "uv>=0.9"], capture_output=True, text=True)
         if got.returncode:
-            return f"uv could not be installed: {got.stderr.strip().splitlines()[-1:]}"
+            return "uv could not be installed: " + (got.stderr.strip().splitlines() or ["pip gave no reason"])[-1]
     return translated
 
 
@@ -111,7 +116,7 @@ def main(argv: list[str]) -> int:
     verb, args = argv[0], argv[1:]
     uv = uv_or_why()
     if isinstance(uv, str):
-        print(f"venv_install: installing with pip: {uv}", file=sys.stderr)
+        print(f"venv_install: using pip, not uv: {uv}", file=sys.stderr)
         if verb == "install":
             subprocess.run([*PIP, "install", "--quiet", "--upgrade", "pip"], check=True)
             return subprocess.run([*PIP, "install", "--quiet", *args]).returncode
