@@ -21,7 +21,7 @@ from typing import Any
 import polars as pl
 from own_processes import own_lines
 
-from fleet.results import reader
+from fleet.results import catalog, reader
 from fleet.run import driver, idle_actors
 from fleet.run.check import check_resume
 
@@ -230,6 +230,9 @@ def test_killed_driver_resumes_only_missing_shards(local_ray: Any, tmp_path: Pat
     }
     assert 4 <= len(done) < 24
     assert json.loads((results / "cut" / "run.json").read_text())["status"] == "running"
+    # No driver holds it any more (fleet/results/driver_lock.py): readers say so.
+    assert reader.read_info(results / "cut").status == "interrupted"
+    assert catalog.runs(results).row(0, named=True)["status"] == "interrupted"
 
     run_dir, outcome = driver.resume(results / "cut", progress=False)
     assert not outcome.partial

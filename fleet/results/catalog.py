@@ -29,7 +29,7 @@ import pyarrow.fs as pafs
 
 from fleet.contracts import schema, stored_tables
 from fleet.contracts.errors import UserError
-from fleet.results import catalog_files, reader, store
+from fleet.results import catalog_files, driver_lock, reader, store
 from fleet.results.catalog_files import SUMMARY, Row
 from fleet.results.store import RUN_JSON
 
@@ -66,6 +66,8 @@ def _frame(results_root: str | Path, rows: dict[str, Row]) -> pl.DataFrame:
     listed = [
         {k: row.get(k) for k in SUMMARY} | {"run_dir": str(store.join(results_root, n))} for n, row in rows.items()
     ]
+    for row in listed:  # a cached `running` whose driver has gone since (fleet/results/driver_lock.py)
+        row["status"] = driver_lock.status(row["status"], str(row["run_dir"]))
     return pl.DataFrame(listed, schema=RUNS_SCHEMA).sort("started_at", "run_id", nulls_last=True)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import functools
 import json
 from collections.abc import Iterator
@@ -23,14 +24,15 @@ import pyarrow.parquet as pq
 from fleet.contracts import schema, stored_tables
 from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import cut
-from fleet.results import store
+from fleet.results import driver_lock, store
 from fleet.results.info import RunInfo
 from fleet.results.store import RUN_JSON, RunStore
 
 
 def read_info(run_dir: str | Path) -> RunInfo:
     """run.json of a local run directory or of a URI (s3://bucket/prefix/run_id), checked for what
-    every reader relies on (fleet.results.info.RunInfo)."""
+    every reader relies on (fleet.results.info.RunInfo). Its status is run.json's, except a run
+    recorded `running` that no live driver holds: `interrupted` (fleet/results/driver_lock.py)."""
     where = f"{cut(str(run_dir), 200)}/{RUN_JSON}"
     try:
         stored = RunStore(run_dir).info()
@@ -46,7 +48,9 @@ def read_info(run_dir: str | Path) -> RunInfo:
     except (OSError, ValueError) as e:  # ValueError: a NUL in the path
         msg = f"{where}: cannot read it: {cut(str(e), 120)}"
         raise UserError(msg) from None
-    return RunInfo.parse(stored, where=where, run_dir=run_dir)
+    info = RunInfo.parse(stored, where=where, run_dir=run_dir)
+    shown = driver_lock.status(info.status, run_dir)  # `running` with its driver gone: interrupted
+    return info if shown == info.status else dataclasses.replace(info, status=shown)
 
 
 _PANIC: type[BaseException] = getattr(pl.exceptions, "PanicException", pl.exceptions.ComputeError)

@@ -23,7 +23,7 @@ from fleet.contracts.errors import UserError
 from fleet.contracts.gates import LATEST_PASS
 from fleet.contracts.inputs import check_name, check_url, clip, cut, inside, read_text
 from fleet.contracts.schema import SCHEMA_VERSION
-from fleet.results import reader
+from fleet.results import driver_lock, reader
 from fleet.results.catalog import require_runs
 from fleet.results.info import RunInfo
 from fleet.results.staging import Staging
@@ -106,6 +106,7 @@ def check_resume(
     with storage_errors(run_dir):
         info = reader.read_info(run_dir)
         store = RunStore(run_dir)
+    driver_lock.refuse_if_held(run_dir)  # another driver writing it: nothing here would hold
     where = join(run_dir, RUN_JSON)
     if info.schema_version != SCHEMA_VERSION:
         msg = f"{cut(str(run_dir), 200)}: written with schema version {clip(info.schema_version, 40)}; "

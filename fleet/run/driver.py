@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fleet.contracts.errors import StoreError
+from fleet.results import driver_lock
 from fleet.results.direct import DirectSink, actors_write
 from fleet.results.info import RunInfo
 from fleet.results.packed import PackSink
@@ -61,16 +62,17 @@ def run(
         check_cluster(manifest, cluster, manifest_path)
         with storage_errors(run_dir):  # e.g. no such bucket: nothing was written
             store = RunStore.create(run_dir, info)
-        outcome = _execute(
-            manifest,
-            [p for p in plan(manifest) if p.model not in unresolved],
-            store,
-            cluster,
-            progress=progress,
-            failed_before_start={f"{m}/{t.name}": why for m, why in unresolved.items() for t in manifest.targets},
-            gates_of=_bind(gates_of, run_dir),
-        )
-        outcome = _drill(manifest, store, cluster, outcome, drilldown_of=drilldown_of, progress=progress)
+        with driver_lock.hold(store):
+            outcome = _execute(
+                manifest,
+                [p for p in plan(manifest) if p.model not in unresolved],
+                store,
+                cluster,
+                progress=progress,
+                failed_before_start={f"{m}/{t.name}": why for m, why in unresolved.items() for t in manifest.targets},
+                gates_of=_bind(gates_of, run_dir),
+            )
+            outcome = _drill(manifest, store, cluster, outcome, drilldown_of=drilldown_of, progress=progress)
     return run_dir, outcome
 
 
@@ -86,24 +88,29 @@ def resume(
 ) -> tuple[str | Path, Outcome]:
     """Finish an interrupted run: only the shards without a written `shards` row run again (and the
     drill-down, when the manifest asks for one, from the start: it is one step after the rest);
-    candidate shards stored unscored, since no reference was left to score them, are scored."""
-    store, info, manifest, plans, unscored = check_resume(run_dir)
-    with ray_cluster(ray_address, verbose=verbose, num_cpus=num_cpus) as cluster:
-        check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
-        store.update_info(status="running", resumed_at=[*info.resumed_at, now()])
-        staging = Staging(store)
-        for shard_id, weights in unscored.items():  # scored from there, as a shard staged taking turns
-            staging.restage(shard_id, weights)
-        outcome = _execute(
-            manifest,
-            plans,
-            store,
-            cluster,
-            progress=progress,
-            before=info,
-            gates_of=_bind(gates_of, run_dir),
-        )
-        outcome = _drill(manifest, store, cluster, outcome, drilldown_of=drilldown_of, progress=progress)
+    candidate shards stored unscored, since no reference was left to score them, are scored.
+    A run another live driver is writing is refused before anything is read or started
+    (fleet/results/driver_lock.py)."""
+    with storage_errors(run_dir):  # e.g. an endpoint that does not answer
+        held = RunStore(run_dir)
+    with driver_lock.hold(held):
+        store, info, manifest, plans, unscored = check_resume(run_dir)
+        with ray_cluster(ray_address, verbose=verbose, num_cpus=num_cpus) as cluster:
+            check_cluster(manifest, cluster, join(run_dir, RUN_JSON))
+            store.update_info(status="running", resumed_at=[*info.resumed_at, now()])
+            staging = Staging(store)
+            for shard_id, weights in unscored.items():  # scored from there, as a shard staged taking turns
+                staging.restage(shard_id, weights)
+            outcome = _execute(
+                manifest,
+                plans,
+                store,
+                cluster,
+                progress=progress,
+                before=info,
+                gates_of=_bind(gates_of, run_dir),
+            )
+            outcome = _drill(manifest, store, cluster, outcome, drilldown_of=drilldown_of, progress=progress)
     return run_dir, outcome
 
 
