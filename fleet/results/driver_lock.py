@@ -47,7 +47,10 @@ def hold(store: RunStore) -> Iterator[None]:
     if not store.local or not (Path(store.root) / RUN_JSON).is_file():
         yield
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # a read-only or foreign results directory: this driver could write nothing
+        raise UserError(f"{cut(str(store.run_dir), 200)}: cannot write {LOCK} there: {e.strerror}") from None
     try:
         locked = _lock(fd, fcntl.LOCK_EX, attempts=_ATTEMPTS)
         if locked is False:
@@ -64,7 +67,8 @@ def hold(store: RunStore) -> Iterator[None]:
 def refuse_if_held(run_dir: str | Path) -> None:
     """UserError if a driver other than this process holds the run (`fleet run --check --resume`)."""
     path = Path(str(run_dir)) / LOCK
-    if alive(run_dir) and _holder(path).get("pid") != os.getpid():
+    holder = _holder(path)
+    if alive(run_dir) and (holder.get("pid"), holder.get("host")) != (os.getpid(), socket.gethostname()):
         raise UserError(_busy(run_dir, path))
 
 
