@@ -26,7 +26,9 @@ def _fleet(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def test_a_second_driver_of_a_run_being_written_is_refused_and_the_first_completes(
     local_ray: Any, tmp_path: Path
 ) -> None:
-    manifest = write_manifest(tmp_path, cand=", seconds_per_token: 0.05", prompts=12)
+    # Slow enough (0.15 s/token x 8 tokens x 2 prompts per shard, 6 shards a model) that the first
+    # run is still writing while the second driver's two starts (~1.5 s each) are refused.
+    manifest = write_manifest(tmp_path, cand=", seconds_per_token: 0.15", prompts=12)
     results, run_dir = tmp_path / "results", tmp_path / "results" / "busy"
     env = os.environ | {"RAY_ADDRESS": free_session_ray(local_ray)}
     cmd = [sys.executable, "-m", "fleet", "run", str(manifest), "--results", str(results), "--run-id", "busy"]
@@ -45,6 +47,7 @@ def test_a_second_driver_of_a_run_being_written_is_refused_and_the_first_complet
             assert second.returncode == 2, second.stderr
             assert f"another fleet run (pid {first.pid} on " in second.stderr
             assert "Traceback" not in second.stderr
+        assert first.poll() is None  # the refusals above were of a run being written
         assert (run_dir / "run.json").read_text() == recorded  # not even resumed_at
         assert all(p.exists() for p in staged)  # its clean-up of staged files did not run
         assert reader.read_info(run_dir).status == "running"
