@@ -24,12 +24,11 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 from fleet.contracts.errors import UserError
 from fleet.contracts.inputs import cut
-from fleet.results.store import RUN_JSON, RunStore
+from fleet.results.store import RUN_JSON, RunStore, now
 
 LOCK = ".driver.lock"
 # A reader's probe holds the lock for microseconds; a driver starting just then tries again.
@@ -57,7 +56,7 @@ def hold(store: RunStore) -> Iterator[None]:
             raise UserError(_busy(store.run_dir, path))
         if locked:  # None: a file system without locks, where run.json stays the only record
             os.ftruncate(fd, 0)
-            me = {"pid": os.getpid(), "host": socket.gethostname(), "since": datetime.now(UTC).isoformat()}
+            me = {"pid": os.getpid(), "host": socket.gethostname(), "since": now()}
             os.write(fd, json.dumps(me).encode())
         yield
     finally:
