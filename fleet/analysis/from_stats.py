@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,7 @@ class Pairs:
     tokens_at_divergence: pl.DataFrame  # per seq row: _cand_token, _ref_token (output ids at first_divergence)
     cand: pl.DataFrame  # every candidate prompt_stats row (CAND, _CAND_COLUMNS, prompt: rank in key order)
     ref: pl.DataFrame  # the reference's rows: PROMPT, first_token_id, logprobs
+    logprobs: aligned.Flat  # cand's logprobs lists, flat: the figures and the noise floor read them
     cand_row: np.ndarray  # per seq row, its cand and ref row (-1: none)
     ref_row: np.ndarray
     reference: str
@@ -73,6 +74,13 @@ class Pairs:
     # in the same order (key_blocks); None where they may not (then a pair of candidates may share
     # prompts the seq rows lack).
     request_row: np.ndarray | None = None
+    # The requests' output ids, flat, as the pairing made them: the noise floor compares them too.
+    ids: aligned.Lists | None = None
+
+    def without_ids(self) -> Pairs:
+        """These pairs, the output ids let go (at 100M token rows they would add 0.4 GB to the
+        figures' peak, which read them no more)."""
+        return replace(self, ids=None)
 
     @classmethod
     def load(cls, requests: pl.DataFrame, stats: pl.LazyFrame, reference: str) -> Pairs:
@@ -88,7 +96,7 @@ class Pairs:
         ]
         with ThreadPoolExecutor(1) as pool:
             reading = pool.submit(pl.collect_all, read)
-            seq, at_d, request_row = cls._compared(requests, reference)
+            seq, at_d, request_row, ids = cls._compared(requests, reference)
             cand, ref = reading.result()
         keys = seq.select(CAND)
         # Each prompt's rank in key order within its candidate (the bootstrap's unit, noise_model.one),
@@ -110,6 +118,7 @@ class Pairs:
             at_d,
             cand,
             ref,
+            aligned.Flat(cand["logprobs"]),
             cand_rows,
             ref_rows,
             reference,
@@ -117,11 +126,15 @@ class Pairs:
             aggregated=aggregated,
             source=source,
             request_row=request_row,
+            ids=ids,
         )
 
     @staticmethod
-    def _compared(requests: pl.DataFrame, reference: str) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray | None]:
-        """(seq, tokens_at_divergence, request_row) of the candidates' requests against the reference's."""
+    def _compared(
+        requests: pl.DataFrame, reference: str
+    ) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray | None, aligned.Lists]:
+        """(seq, tokens_at_divergence, request_row, the output ids) of the candidates' requests
+        against the reference's."""
         is_ref = pl.col("target") == reference
         # Keys paired and put in key order block by block where the requests allow it (key_blocks),
         # else joined alone; the id lists are compared where they lie, by row (a join, sort or
@@ -144,7 +157,7 @@ class Pairs:
         at_d = pl.DataFrame({"_cand_token": ids.at(cand_rows, at), "_ref_token": ids.at(ref_rows, at)}).select(
             pl.all().replace(-1, None).cast(pl.Int32)
         )
-        return seq, at_d, request_row
+        return seq, at_d, request_row, ids
 
     def lists(self, name: str) -> pl.Series:
         """A list column of the cand rows, in their order: loaded with them, or read now."""
@@ -217,7 +230,7 @@ def figures(pairs: Pairs, first: pl.DataFrame, spec: NoiseSpec) -> tuple[pl.Data
     """(parity.parity, noise_model.summary, divergence.noise) from one pass over each candidate's lists."""
     prompt = pairs.cand["prompt"].to_numpy()
     flat: dict[str, aligned.Flat] = {}  # every position's values, made for the first candidate that needs them
-    logprobs = aligned.Flat(pairs.cand["logprobs"]), aligned.Flat(pairs.ref["logprobs"])  # each side's
+    logprobs = pairs.logprobs, aligned.Flat(pairs.ref["logprobs"])  # each side's
 
     def candidate(model: str, target: str, first_row: int, end: int, first_seq: int, end_seq: int) -> tuple[Row, Row]:
         prefix = _prefix(pairs, first_seq, end_seq, *logprobs)

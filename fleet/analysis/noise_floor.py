@@ -83,7 +83,8 @@ def _from_pairs(pairs: Pairs, requests: Frame, copy: str, original: str) -> list
     spans = {(model, target): (first, end) for model, target, first, end in key_blocks.runs(pairs.seq).iter_rows()}
     if not any(target == copy for _, target in spans) or not any(target == original for _, target in spans):
         return None  # a side is the reference, or did not run (then there is nothing to compare)
-    ids, flat, parts = aligned.Lists(requests["output_token_ids"]), aligned.Flat(pairs.lists("logprobs")), []
+    ids = pairs.ids if pairs.ids is not None else aligned.Lists(requests["output_token_ids"])
+    flat, parts = pairs.logprobs, []
     for (model, target), (first, end) in sorted(spans.items()):
         if target != copy or (model, original) not in spans:
             continue

@@ -128,6 +128,7 @@ class RunReport:
         say("parity figures")
         noise = figures.noise_floor_of(requests, rows, repeats, stats=use_stats, pairs=pairs) if repeats else None
         if pairs is not None:
+            pairs = pairs.without_ids()  # the pairing's and the noise floor's, read no more
             parity, first, per_prompt, seqs = figures.from_pairs(pairs, stats, spec)
         else:  # a run written before prompt_stats: the same figures from its token rows
             parity, first, per_prompt, seqs = figures.from_token_rows(requests, tokens, ref, spec)
