@@ -19,6 +19,7 @@ would otherwise excuse its divergences by being wrong everywhere else too).
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from fleet.analysis import noise_model
@@ -176,16 +177,54 @@ def summary_of(
 def worst(seqs: pl.DataFrame, per_prompt: pl.DataFrame, top: int) -> pl.DataFrame:
     """Of `seqs` (one row per candidate prompt, in key order), the `top` worst per candidate: real divergences,
     then near ties, earliest first, then the fewest matched tokens; with their kind and margin."""
-    kinds = pl.col("kind").replace_strict({"divergence": 0, "near tie": 1}, default=2, return_dtype=pl.Int8)
     extra = ["kind", "ref_margin", "noise"]
     if seqs.select(CAND).equals(per_prompt.select(CAND)):  # the report's: the same prompts in the same order
         joined = seqs.hstack(per_prompt.select(extra))
     else:
         joined = seqs.join(per_prompt.select(*CAND, *extra), on=CAND, how="left", maintain_order="left")
-    # `seqs` is in key order (parity.sequences sorts it): each candidate's rows lie together, and a
-    # stable sort on numbers alone within each keeps key order among ties: the order of sorting on
-    # the keys too, without comparing millions of strings again.
-    ranked = joined.with_columns(_candidate=pl.struct(RUN).rle_id()).sort(
-        "_candidate", kinds, "first_divergence", "tokens_matched", nulls_last=True, maintain_order=True
+    # `seqs` is in key order (parity.sequences sorts it): each candidate's rows lie together, and
+    # among ties the earlier row is the earlier key, so the `top` rows of a candidate are its `top`
+    # smallest (kind, first_divergence, tokens_matched), ties to the earlier row: found by
+    # partitioning one number per row, not by sorting every row (0.9 s at 100M token rows).
+    kinds = {"divergence": 0, "near tie": 1}
+    kind = pl.col("kind").replace_strict(kinds, default=2, return_dtype=pl.Int64).fill_null(3)  # null: last
+    numbers = joined.select(
+        kind, pl.col("first_divergence", "tokens_matched").cast(pl.Int64), _candidate=pl.struct(RUN).rle_id()
     )
-    return ranked.group_by("_candidate", maintain_order=True).head(top).drop("_candidate").sort(CAND)
+    fits = numbers.select(pl.col("first_divergence", "tokens_matched").is_between(0, _UNSET - 1).all()).row(0)
+    if not all(fits):  # a figure past the packing: sort as the rule says
+        ranked = joined.with_columns(_candidate=numbers["_candidate"]).sort(
+            "_candidate", numbers["kind"], "first_divergence", "tokens_matched", nulls_last=True, maintain_order=True
+        )
+        return ranked.group_by("_candidate", maintain_order=True).head(top).drop("_candidate").sort(CAND)
+    packed = numbers.select(
+        (pl.col("kind") * (1 << 2 * _BITS))
+        + pl.col("first_divergence").fill_null(_UNSET) * (1 << _BITS)
+        + pl.col("tokens_matched").fill_null(_UNSET)
+    ).to_series()
+    starts = np.flatnonzero(np.diff(numbers["_candidate"].to_numpy(), prepend=-1))
+    return joined[smallest_per_block(packed.to_numpy(), starts, top)].sort(CAND)
+
+
+_BITS = 29  # per packed figure: positions and token counts below 2^29 - 1 (2^29 - 1: null, last)
+_UNSET = (1 << _BITS) - 1
+
+
+def smallest_per_block(score: np.ndarray, starts: np.ndarray, top: int) -> np.ndarray:
+    """Rows of the `top` smallest scores of each block (rows starts[i] .. starts[i+1] - 1), ties to
+    the earlier row, in row order: what a stable sort on the score and the first `top` of each
+    block pick."""
+    if top <= 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.append(starts[1:], len(score)).astype(np.int64)
+    picked = []
+    for first, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        block = score[first:end]
+        if len(block) <= top:
+            picked.append(np.arange(first, end, dtype=np.int64))
+            continue
+        kth = np.partition(block, top - 1)[top - 1]
+        below = np.flatnonzero(block < kth)
+        tied = np.flatnonzero(block == kth)[: top - len(below)]
+        picked.append(first + np.sort(np.concatenate([below, tied])))
+    return np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)

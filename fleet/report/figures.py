@@ -56,8 +56,12 @@ def from_pairs(pairs: from_stats.Pairs, stats: pl.LazyFrame, spec: NoiseSpec) ->
 
 
 def worst_first_steps(first: pl.DataFrame, top: int) -> pl.DataFrame:
-    """The `top` largest first-step rel_err per candidate."""
-    return first.sort("rel_err", descending=True, nulls_last=True).group_by("model", "target").head(top).sort(CANDIDATE)
+    """The `top` largest first-step rel_err per candidate (ties: the earlier row, so the first in key order)."""
+    # Row numbers sorted, then the picked rows gathered: sorting every row's columns moved 5M rows
+    # of strings at 100M token rows (0.4-0.9 s, against 0.2-0.3 s).
+    ranked = first.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"), "model", "target", "rel_err")
+    ranked = ranked.sort("rel_err", descending=True, nulls_last=True, maintain_order=True)
+    return first[ranked.group_by("model", "target", maintain_order=True).head(top)["_row"]].sort(CANDIDATE)
 
 
 def worst_sequences(
