@@ -27,6 +27,14 @@ def own_lines(ps_output: str) -> list[str]:
     return [line for line in ps_output.splitlines() if line.split(None, 1)[:1] and own(line.split(None, 1)[0])]
 
 
+def alive(pid: int | str) -> bool:
+    """The process exists and is no zombie (a killed child its parent has not reaped yet is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def parent(pid: int | str) -> int:
     """The parent's pid of a live process; 0 once it is gone."""
     try:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from own_processes import parent
+from own_processes import alive, own, parent
 
 from fleet.analysis import parity as analysis
 from fleet.results import reader
@@ -81,20 +81,6 @@ SCRIPT = textwrap.dedent(
     print(json.dumps({"retries": outcome.retries, "failures": outcome.failures, "failed": outcome.failed_shards}))
     """
 )
-
-
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of every live process."""
-    out = {}
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            state, ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-        except (OSError, ValueError):
-            continue
-        if state != "Z":
-            out[int(proc.name)] = (int(ppid), cmdline)
-    return out
 
 
 def _marked(pid: int) -> bool:
@@ -151,10 +137,16 @@ def layout_run(tmp_path_factory: pytest.TempPathFactory, fleet_cache: Path) -> t
 def _gone(pid: int, *, within: float) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if pid not in _processes():
+        if not alive(pid):
             return True
         time.sleep(0.1)
     return False
+
+
+def _orphaned_engine_cores() -> list[int]:
+    """This session's live engine cores whose parent died (re-parented to init)."""
+    cores = (int(p.name) for p in Path("/proc").glob("[0-9]*") if "EngineCore" in _cmdline(p.name))
+    return [pid for pid in cores if parent(pid) == 1 and alive(pid) and own(pid)]
 
 
 def test_the_killed_actors_engine_core_goes_with_it_and_the_shard_is_retried_once(
@@ -168,7 +160,7 @@ def test_the_killed_actors_engine_core_goes_with_it_and_the_shard_is_retried_onc
     assert t["tokens"].select(keys).is_duplicated().sum() == 0  # the retried shard's rows once
     per_target = t["requests"].group_by("target").len()
     assert dict(per_target.iter_rows()) == dict.fromkeys(("hf-fp32", "vllm-child", "vllm-tp2-child", "srv-child"), 4)
-    assert not [p for p, (ppid, cmd) in _processes().items() if "EngineCore" in cmd and ppid == 1]
+    assert not _orphaned_engine_cores()
 
 
 def test_parity_equals_the_in_process_layouts(layout_run: tuple[Path, dict[str, object], bool]) -> None:
