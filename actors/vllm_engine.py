@@ -10,6 +10,7 @@ import gc
 import time
 from typing import TYPE_CHECKING, Any
 
+from actors import reaper
 from actors.tables import score_rows, scores_table, teacher_forced, to_generation, top_k
 from actors.vllm_stream import StepBridge, request_stats
 from actors.vllm_worker import RANK_FACTS, WORKER_EXTENSION
@@ -31,12 +32,21 @@ if TYPE_CHECKING:
 class VllmEngine(Engine):
     def __init__(self, args: VllmArgs, *rest: Any, **kw: Any) -> None:
         super().__init__(args, *rest, **kw)
+        self.args: VllmArgs = args
+        self.sockets = reaper.sockets_dir()  # vLLM's IPC sockets, removed with the engine
+        with reaper.removed_on_error(self.sockets):
+            self.llm = self._start()
+            self.tokenizer = self.llm.get_tokenizer()
+            # The first request with logprobs pays one-off costs (~2 s); keep them out of the timings.
+            self.llm.generate(["warm up"], self._params(max_tokens=2), use_tqdm=False)
+
+    def _start(self) -> Any:
         from vllm import LLM
 
-        self.args: VllmArgs = args
+        args = self.args
         max_len = self.model.spec.max_model_len or args.max_model_len
         extra = {"max_model_len": max_len} if max_len else {}
-        self.llm = LLM(
+        return LLM(
             model=str(self.model.path),
             tokenizer=self.tokenizer_path,
             trust_remote_code=self.model.spec.trust_remote_code,
@@ -58,9 +68,6 @@ class VllmEngine(Engine):
                 | args.engine_args
             ),
         )
-        self.tokenizer = self.llm.get_tokenizer()
-        # The first request with logprobs pays one-off costs (~2 s); keep them out of the timings.
-        self.llm.generate(["warm up"], self._params(max_tokens=2), use_tqdm=False)
 
     def _params(self, **overrides: Any) -> Any:
         from vllm import SamplingParams
@@ -189,6 +196,7 @@ class VllmEngine(Engine):
         self.llm.llm_engine.engine_core.shutdown()
         del self.llm
         gc.collect()
+        reaper.remove(self.sockets)
 
     def perf(
         self,

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actors import server_group, vllm_surface
+from actors import reaper, server_group, vllm_surface
 from actors.openai_engine import OpenAIEngine
 from fleet.contracts.backend_args import VllmServerArgs
 
@@ -45,6 +45,7 @@ class VllmServerEngine(OpenAIEngine):
         self.missing_flags = unsupported_flags(
             self.vllm_version, lambda: _server_help(os.environ | {"PYTHONPATH": path}, args.startup_timeout_s)
         )
+        self.sockets = reaper.sockets_dir()  # vLLM's IPC sockets: the server's processes inherit it
         fd, log = tempfile.mkstemp(prefix=f"vllm-server-{args.name}-", suffix=".log")
         self.log_path = Path(log)
         self.group, self.supervisor = server_group.launch(
@@ -67,6 +68,7 @@ class VllmServerEngine(OpenAIEngine):
             self.http.post_many([("completions", {"prompt": "warm up", "max_tokens": 2, "logprobs": 1})])
         except BaseException:
             self._stop()
+            reaper.remove(self.sockets)
             raise
 
     def command(self, port: int) -> list[str]:
@@ -127,6 +129,7 @@ class VllmServerEngine(OpenAIEngine):
 
     def shutdown(self) -> None:
         self._stop()
+        reaper.remove(self.sockets)
 
 
 def unsupported_flags(version: str | None, server_help: Callable[[], str]) -> list[str]:

@@ -97,11 +97,22 @@ def _cmdline(pid: int | str) -> str:
         return ""
 
 
-def _kill_mid_shard(run: subprocess.Popen[str], timeout: float = 600) -> tuple[int, int]:
+def _sockets_dir(pid: int) -> Path | None:
+    """Where the process binds vLLM's IPC sockets (VLLM_RPC_BASE_PATH, as fleet set it for its engine)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    found = [v.split(b"=", 1)[1] for v in environ if v.startswith(b"VLLM_RPC_BASE_PATH=")]
+    return Path(found[0].decode()) if found else None
+
+
+def _kill_mid_shard(run: subprocess.Popen[str], timeout: float = 600) -> tuple[int, int, Path | None, int]:
     """SIGKILL vllm-child's actor while it generates, once its engine core (a child process)
-    runs; returns (actor pid, engine-core pid). Each round reads one file per process, and more
-    only of engine cores: reading every process's command line and status each 20 ms was ~17 s of
-    a core over the run's start, in a suite bound by CPU."""
+    runs; returns (actor pid, engine-core pid, its sockets directory, the sockets it held). Each
+    round reads one file per process, and more only of engine cores: reading every process's
+    command line and status each 20 ms was ~17 s of a core over the run's start, in a suite
+    bound by CPU."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and run.poll() is None:
         for proc in Path("/proc").glob("[0-9]*"):
@@ -110,8 +121,10 @@ def _kill_mid_shard(run: subprocess.Popen[str], timeout: float = 600) -> tuple[i
                 continue
             actor = parent(pid)
             if _cmdline(actor).startswith("ray::TargetActor.generate") and _marked(actor):
+                sockets = _sockets_dir(int(pid))
+                held = sum(p.is_socket() for p in sockets.iterdir()) if sockets and sockets.is_dir() else 0
                 os.kill(actor, signal.SIGKILL)
-                return actor, int(pid)
+                return actor, int(pid), sockets, held
         time.sleep(0.1)
     pytest.fail("vllm-child never generated with its engine core in a child process")
 
@@ -127,10 +140,13 @@ def layout_run(tmp_path_factory: pytest.TempPathFactory, fleet_cache: Path) -> t
     # tested is fleet's own guarantee (actors/reaper.py), whatever the cluster's Ray does.
     env = os.environ | {"RAY_process_group_cleanup_enabled": "0"}
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as run:
-        _actor, core = _kill_mid_shard(run)
+        _actor, core, sockets, held = _kill_mid_shard(run)
         gone = _gone(core, within=60)  # the killed actor's engine core must not outlive it
         stdout, stderr = run.communicate(timeout=900)
     assert run.returncode == 0, stderr[-4000:]
+    # Nor its sockets: fleet gave the engine a directory of its own (not /tmp), which held them.
+    assert sockets is not None and sockets.name.startswith("fleet-vllm-sockets-") and held > 0, (sockets, held)
+    assert not sockets.exists(), f"{sockets}: the killed actor's sockets directory was left behind"
     return base / "results" / "al", json.loads(stdout.strip().splitlines()[-1]), gone
 
 

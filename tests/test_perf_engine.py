@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from actors import reaper
 from actors.sources import resolver
 from fleet.contracts.engine import Chunk
 from fleet.contracts.scenario import Scenario
@@ -33,12 +34,14 @@ def engine(fleet_cache: Path) -> Iterator[Any]:
     with pytest.MonkeyPatch.context() as mp:
         for key, value in CPU_ENV.items():
             mp.setenv(key, value)
+        mp.delenv(reaper.SOCKETS, raising=False)  # the engine sets it in this process: unset after
         path = resolver(spec.source).local_dir()
         eng = VllmEngine(args, ResolvedModel(spec, path, "test", None), sampling=Sampling(max_tokens=8))
         try:
             yield eng
         finally:
             eng.shutdown()
+            assert not Path(eng.sockets).exists()  # its sockets directory went with it
 
 
 def scenario(**kw: Any) -> Scenario:

@@ -404,6 +404,7 @@ def vllm_engine(model: Any) -> Iterator[Any]:
     with pytest.MonkeyPatch.context() as mp:
         for key, value in CPU_ENV.items():
             mp.setenv(key, value)
+        mp.delenv("VLLM_RPC_BASE_PATH", raising=False)  # the engine sets it in this process: unset after
         # Stands in for the constructor building with max_logprobs=-1 when the manifest asks for the probe.
         mp.setattr(vllm, "LLM", lambda **kw: real(**(kw | {"max_logprobs": -1})))
         args = VllmArgs(name="vllm-fp32", dtype="float32", max_model_len=256)

@@ -262,7 +262,8 @@ def test_endpoint_target_matches_the_reference_and_never_writes_its_key(
     assert "base_url" in (run_dir / "run.json").read_text()  # the provenance is there, the key is not
 
 
-def test_failed_starts_say_why_and_leave_nothing(fleet_cache: Path) -> None:
+def test_failed_starts_say_why_and_leave_nothing(fleet_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from actors import reaper
     from actors.sources import resolver
     from actors.vllm_server import VllmServerEngine, _free_port
     from fleet.contracts.engine import ResolvedModel
@@ -271,14 +272,17 @@ def test_failed_starts_say_why_and_leave_nothing(fleet_cache: Path) -> None:
     spec = ModelSpec.model_validate(MODEL)
     model = ResolvedModel(spec, resolver(spec.source).local_dir(), "w", None)
     port = _free_port("127.0.0.1")
+    monkeypatch.delenv(reaper.SOCKETS, raising=False)  # each engine sets it in this process: unset after
     with pytest.raises(RuntimeError, match=r"not ready after 1 s\n--- last \d+ lines of .*vllm-server-late"):
         VllmServerEngine(server_args(name="late", port=port, startup_timeout_s=1), model, sampling=Sampling())
     assert processes_with(f"--port {port}") == []
+    assert not Path(os.environ[reaper.SOCKETS]).exists()  # nor its sockets directory
     broken = ResolvedModel(spec, fleet_cache / "no-such-model", "w", None)
     with pytest.raises(RuntimeError, match="exited before it was ready") as failed:
         VllmServerEngine(server_args(name="broken"), broken, sampling=Sampling())
     assert "no-such-model" in str(failed.value)  # the log tail shows vLLM's own complaint
     assert "vLLM server exited with code 1" in str(failed.value)
+    assert not Path(os.environ[reaper.SOCKETS]).exists()
 
 
 def test_vllm_server_target_through_the_scheduler(served_run: tuple[Path, Path, list[int]]) -> None:
