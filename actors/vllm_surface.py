@@ -140,6 +140,7 @@ SURFACE: tuple[Item, ...] = (
     ),
     Item("server_flag", PER_REQUEST_METRICS, fallback=CLIENT_LATENCIES),
     Item("env", "VLLM_API_KEY"),
+    Item("env", "VLLM_RPC_BASE_PATH"),  # actors/reaper.py: where the engine's processes bind their IPC sockets
     # actors/openai_engine.py, actors/openai_http.py: vLLM's extensions of the OpenAI API
     *(
         Item("http_field", f"CompletionRequest.{f}")

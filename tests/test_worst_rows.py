@@ -44,6 +44,12 @@ def _worst_by_rule(seqs: pl.DataFrame, per_prompt: pl.DataFrame, top: int) -> pl
     return ranked.group_by("model", "target", maintain_order=True).head(top).drop("_row").sort(CAND)
 
 
+def test_no_candidate_prompt_picks_none() -> None:  # a stage gate read before any candidate row
+    seqs, per_prompt = (frame.clear() for frame in _frames(1))
+    assert divergence.worst(seqs.drop("rel_err"), per_prompt, 20).height == 0
+    assert figures.worst_first_steps(seqs.select(*CAND, "rel_err"), 20).height == 0
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_worst_picks_what_sorting_every_row_picks(seed: int) -> None:
     seqs, per_prompt = _frames(seed, huge=seed % 10 == 0)  # some past the packing: the sort path

@@ -214,7 +214,7 @@ def smallest_per_block(score: np.ndarray, starts: np.ndarray, top: int) -> np.nd
     """Rows of the `top` smallest scores of each block (rows starts[i] .. starts[i+1] - 1), ties to
     the earlier row, in row order: what a stable sort on the score and the first `top` of each
     block pick."""
-    if top <= 0:
+    if top <= 0 or not len(score):
         return np.zeros(0, dtype=np.int64)
     ends = np.append(starts[1:], len(score)).astype(np.int64)
     picked = []
