@@ -9,8 +9,9 @@ retried shard's new engine would find the card full.
 
 `guard_children()` starts a small watcher, detached from the actor, that holds a pidfd of the
 actor and of every process the actor has started so far (the engine's tree), and SIGKILLs the
-ones still alive when the actor exits. It exits by itself once the engine processes are gone (a
-normal shutdown). pidfds name the exact processes, so a reused pid is never signalled.
+ones still alive when the actor exits. Without a sockets directory (below) it exits by itself once
+the engine processes are gone (a normal shutdown). pidfds name the exact processes, so a reused pid
+is never signalled.
 
 The same goes for the sockets those processes bind: vLLM puts its ZMQ IPC sockets (engine core
 to client, the TP ranks' message queues) under `VLLM_RPC_BASE_PATH`, /tmp by default, and a killed
