@@ -3,7 +3,7 @@ figures summed over them: |a - b| (count, max, mean) and Pearson r.
 
 At 100M token rows the prefix holds tens of millions of positions; gathering whole lists and
 exploding them into one float64 frame per side faulted in gigabytes for one pass (a third of
-the report's CPU was the kernel's). Chunks keep each pass's arrays a few tens of MB; the sums merge
+the report's CPU was the kernel's). Chunks keep each pass's arrays a few MB; the sums merge
 exactly as one pass would take them, bar the order of floating-point additions. The values must
 hold no null (a null is not NaN to the figures): callers check `holds_no_null` and else take the
 frame path.
@@ -19,7 +19,9 @@ import numpy as np
 
 from fleet.analysis.aligned import Flat
 
-_POSITIONS = 1 << 21  # positions per chunk: ~16 MB per float64 array
+# Positions per chunk: ~2 MB per float64 array. A chunk's index, gathers and differences are about
+# eight such arrays at once: at 1 << 21 that was ~90 MB on top of the 10M report's working set.
+_POSITIONS = 1 << 18
 
 
 def holds_no_null(*flats: Flat) -> bool:
