@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from collections import Counter
+from collections.abc import Callable
 
 from fleet.run.progress import Progress
 
@@ -39,3 +41,44 @@ def test_disabled_prints_nothing_but_messages() -> None:
         progress.update(1, model="m")
         progress.write("FAILED m/cand: x")
     assert out.getvalue() == "FAILED m/cand: x\n"
+
+
+def _until(seen: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not seen():
+        assert time.monotonic() < deadline, "the progress line did not tick"
+        time.sleep(0.01)
+
+
+def test_plain_lines_tick_while_no_shard_finishes() -> None:
+    """An engine that takes minutes to load: the log still gets a line every interval."""
+    out = io.StringIO()
+    progress = Progress(Counter({"m": 3, "waiting": 2}), stream=out, interval_s=0.05, tick_s=0.01, tty=False)
+    progress.started_model("m")
+    _until(lambda: out.getvalue().count("progress m: 0/3 shards") >= 2)
+    text = out.getvalue()
+    assert re.search(r"progress m: 0/3 shards, 0:00:\d\d since its actors started\n", text)
+    assert "progress waiting: 0/2 shards\n" in text  # not started: no time since
+    progress.close()
+    assert not progress.ticker.is_alive()
+    printed = out.getvalue().count("progress m:")
+    progress.close()  # nothing finished since the last line: no second copy of it
+    assert out.getvalue().count("progress m:") == printed
+
+
+def test_the_bar_ticks_on_a_terminal() -> None:
+    out = io.StringIO()
+    progress = Progress(Counter({"m": 3}), stream=out, tick_s=0.01, tty=True)
+    assert progress.bar is not None
+    progress.started_model("m")
+    _until(lambda: "since its actors started" in out.getvalue())  # no update came: the ticker drew it
+    progress.close()
+    assert not progress.ticker.is_alive()
+
+
+def test_the_ticker_stops_when_its_stream_is_gone() -> None:
+    out = io.StringIO()
+    progress = Progress(Counter({"m": 3}), stream=out, interval_s=0.0, tick_s=0.01, tty=False)
+    out.close()  # a closed pipe: the ticker stops instead of raising in its thread
+    progress.ticker.join(timeout=10)
+    assert not progress.ticker.is_alive()

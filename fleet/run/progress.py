@@ -4,6 +4,9 @@ On a terminal it is one tqdm bar (shards and perf levels) whose postfix holds th
 figures. Where stderr is not a terminal (`ray job submit` streams the driver's output into a
 log; CI) a carriage-return bar would become thousands of fragments, so it prints one plain line
 per model every `interval_s` instead, and one when the run ends.
+
+Both tick between updates too: a big model's engines take minutes to load, and a slow shard
+longer, and a line that stands still all that time reads as a hang.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections import Counter
 from typing import IO, Any
 
 
-def _eta(seconds: float) -> str:
+def _duration(seconds: float) -> str:
     return str(dt.timedelta(seconds=round(seconds))) if seconds < 1e7 else "?"
 
 
@@ -32,6 +35,7 @@ class Progress:
         stream: IO[str] | None = None,
         interval_s: float = 30.0,
         tty: bool | None = None,
+        tick_s: float = 1.0,
     ) -> None:
         self.planned, self.done, self.tokens = planned, Counter[str](), Counter[str]()
         self.stream = stream or sys.stderr
@@ -40,11 +44,16 @@ class Progress:
         self.started: dict[str, float] = {}
         self.lock = threading.Lock()
         self.last_line = time.monotonic()
+        self.printed, self.changed = False, False  # a line printed; finished work since the last one
         self.bar: Any = None
         if enabled and self.tty:
             from tqdm import tqdm
 
             self.bar = tqdm(total=sum(planned.values()), unit="shard", desc="shards+perf", file=self.stream)
+        self.closed = threading.Event()
+        self.ticker = threading.Thread(target=self._tick, args=(tick_s,), name="fleet-progress", daemon=True)
+        if enabled and planned:
+            self.ticker.start()
 
     def __enter__(self) -> Progress:
         return self
@@ -59,11 +68,11 @@ class Progress:
             self.started.setdefault(model, now)
             self.done[model] += n
             self.tokens[model] += tokens
+            self.changed = True
             if self.bar is not None:
                 self.bar.set_postfix_str(" | ".join(self.lines()), refresh=False)
                 self.bar.update(n)
             elif self.enabled and now - self.last_line >= self.interval_s:
-                self.last_line = now
                 self._print()
 
     def started_model(self, model: str) -> None:
@@ -80,28 +89,48 @@ class Progress:
         now, out = time.monotonic(), []
         for model, planned in self.planned.items():
             done, elapsed = self.done[model], now - self.started.get(model, now)
-            if not done:
-                out.append(f"{model}: 0/{planned} shards")
+            if not done:  # its actors starting (engines loading) or its first shards running; or waiting for room
+                since = f", {_duration(elapsed)} since its actors started" if model in self.started else ""
+                out.append(f"{model}: 0/{planned} shards{since}")
                 continue
             rate = self.tokens[model] / elapsed if elapsed > 0 else 0.0
             eta = elapsed / done * (planned - done) if done < planned else 0.0
-            out.append(f"{model}: {done}/{planned} shards, {rate:,.0f} token rows stored/s, ETA {_eta(eta)}")
+            out.append(f"{model}: {done}/{planned} shards, {rate:,.0f} token rows stored/s, ETA {_duration(eta)}")
         return out
 
     def write(self, message: str) -> None:
-        """A message (retry, timeout, failure) that must not garble the bar."""
-        if self.bar is not None:
-            self.bar.write(message)
-        else:
-            print(message, file=self.stream, flush=True)
+        """A message (retry, timeout, failure) that must not garble the bar, nor a ticked line."""
+        with self.lock:
+            if self.bar is not None:
+                self.bar.write(message)
+            else:
+                print(message, file=self.stream, flush=True)
+
+    def _tick(self, every_s: float) -> None:
+        """The bar redrawn every `every_s` (its elapsed time and ETA move), or a plain line every
+        `interval_s`, whether or not work finished meanwhile."""
+        while not self.closed.wait(every_s):
+            with self.lock:
+                try:
+                    if self.bar is not None:
+                        self.bar.set_postfix_str(" | ".join(self.lines()), refresh=False)
+                        self.bar.refresh()
+                    elif time.monotonic() - self.last_line >= self.interval_s:
+                        self._print()
+                except (OSError, ValueError):  # the stream closed under us (a pipe's reader gone)
+                    return
 
     def _print(self) -> None:
         stamp = dt.datetime.now(dt.UTC).strftime("%H:%M:%S")
+        self.last_line, self.printed, self.changed = time.monotonic(), True, False
         for line in self.lines():
             print(f"[{stamp}] progress {line}", file=self.stream, flush=True)
 
     def close(self) -> None:
+        self.closed.set()
+        if self.ticker.is_alive():
+            self.ticker.join()
         if self.bar is not None:
             self.bar.close()
-        elif self.enabled:
-            self._print()
+        elif self.enabled and (self.changed or not self.printed):
+            self._print()  # the state at the end, unless the last line already says it
