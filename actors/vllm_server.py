@@ -46,7 +46,7 @@ class VllmServerEngine(OpenAIEngine):
             self.vllm_version, lambda: _server_help(os.environ | {"PYTHONPATH": path}, args.startup_timeout_s)
         )
         self.sockets = reaper.sockets_dir()  # vLLM's IPC sockets: the server's processes inherit it
-        fd, log = tempfile.mkstemp(prefix=f"vllm-server-{args.name}-", suffix=".log")
+        fd, log = tempfile.mkstemp(prefix=f"vllm-server-{args.name}-", suffix=".log", dir=log_dir())
         self.log_path = Path(log)
         self.group, self.supervisor = server_group.launch(
             self.command(port),
@@ -130,6 +130,26 @@ class VllmServerEngine(OpenAIEngine):
     def shutdown(self) -> None:
         self._stop()
         reaper.remove(self.sockets)
+
+
+# The servers' logs: kept after the server stops (run.json's provenance names each one as
+# `server_log`), a week, in a directory of this user's; each new server removes the older ones.
+# Straight in the temp directory they were never removed: a node gathered hundreds.
+LOGS_KEPT_S = 7 * 24 * 3600
+
+
+def log_dir() -> Path:
+    """This user's directory of server logs, those older than LOGS_KEPT_S removed."""
+    logs = Path(tempfile.gettempdir()) / f"fleet-vllm-server-logs-{os.getuid()}"
+    logs.mkdir(mode=0o700, exist_ok=True)  # a log can quote prompts: not for other users of the node
+    expired = time.time() - LOGS_KEPT_S
+    for old in logs.glob("vllm-server-*.log"):
+        try:
+            if old.stat().st_mtime < expired:
+                old.unlink()
+        except OSError:  # another server's start removed it first
+            pass
+    return logs
 
 
 def unsupported_flags(version: str | None, server_help: Callable[[], str]) -> list[str]:

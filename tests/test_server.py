@@ -265,7 +265,7 @@ def test_endpoint_target_matches_the_reference_and_never_writes_its_key(
 def test_failed_starts_say_why_and_leave_nothing(fleet_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from actors import reaper
     from actors.sources import resolver
-    from actors.vllm_server import VllmServerEngine, _free_port
+    from actors.vllm_server import VllmServerEngine, _free_port, log_dir
     from fleet.contracts.engine import ResolvedModel
     from fleet.contracts.spec import ModelSpec, Sampling
 
@@ -273,8 +273,9 @@ def test_failed_starts_say_why_and_leave_nothing(fleet_cache: Path, monkeypatch:
     model = ResolvedModel(spec, resolver(spec.source).local_dir(), "w", None)
     port = _free_port("127.0.0.1")
     monkeypatch.delenv(reaper.SOCKETS, raising=False)  # each engine sets it in this process: unset after
-    with pytest.raises(RuntimeError, match=r"not ready after 1 s\n--- last \d+ lines of .*vllm-server-late"):
+    with pytest.raises(RuntimeError, match=r"not ready after 1 s\n--- last \d+ lines of .*vllm-server-late") as late:
         VllmServerEngine(server_args(name="late", port=port, startup_timeout_s=1), model, sampling=Sampling())
+    assert f"{log_dir()}/vllm-server-late-" in str(late.value)  # the log kept, where logs expire
     assert processes_with(f"--port {port}") == []
     assert not Path(os.environ[reaper.SOCKETS]).exists()  # nor its sockets directory
     broken = ResolvedModel(spec, fleet_cache / "no-such-model", "w", None)
@@ -283,6 +284,24 @@ def test_failed_starts_say_why_and_leave_nothing(fleet_cache: Path, monkeypatch:
     assert "no-such-model" in str(failed.value)  # the log tail shows vLLM's own complaint
     assert "vLLM server exited with code 1" in str(failed.value)
     assert not Path(os.environ[reaper.SOCKETS]).exists()
+
+
+def test_server_logs_expire_after_a_week(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    from actors.vllm_server import LOGS_KEPT_S, log_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    logs = log_dir()
+    assert logs.parent == tmp_path and logs.stat().st_mode & 0o777 == 0o700
+    old, recent, other = (logs / name for name in ("vllm-server-a-1.log", "vllm-server-b-2.log", "notes.txt"))
+    for path in (old, recent, other):
+        path.write_text("x")
+    past = time.time() - LOGS_KEPT_S - 60
+    for path in (old, other):
+        os.utime(path, (past, past))
+    assert log_dir() == logs  # the next server's start
+    assert not old.exists() and recent.exists() and other.exists()  # only server logs are removed
 
 
 def test_vllm_server_target_through_the_scheduler(served_run: tuple[Path, Path, list[int]]) -> None:
