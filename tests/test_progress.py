@@ -82,3 +82,14 @@ def test_the_ticker_stops_when_its_stream_is_gone() -> None:
     out.close()  # a closed pipe: the ticker stops instead of raising in its thread
     progress.ticker.join(timeout=10)
     assert not progress.ticker.is_alive()
+
+
+def test_shards_waiting_for_the_reference_turn_are_named_and_no_eta_is_guessed() -> None:
+    progress = Progress(Counter({"m": 4, "other": 1}), enabled=False)
+    progress.staged("m", 2)
+    assert progress.lines()[0] == "m: 0/4 shards, 2 more generated, for the reference's turn"
+    progress.update(1, model="m", tokens=10)
+    [line] = [x for x in progress.lines() if x.startswith("m:")]
+    assert re.fullmatch(r"m: 1/4 shards, [\d,]+ token rows stored/s, 2 more generated, for the reference's turn", line)
+    progress.staged("m", 0)  # the reference scored them: the ETA is back
+    assert re.search(r"m: 1/4 shards, .*, ETA \d+:\d\d:\d\d$", progress.lines()[0])

@@ -123,11 +123,19 @@ def test_staging_keeps_whole_shards_and_resume_removes_the_rest(tmp_path: Path) 
 
 
 def test_targets_that_cannot_share_the_cluster_take_turns_with_the_same_rows(
-    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from fleet.run.progress import Progress
+
     (tmp_path / "turns").mkdir()
     (tmp_path / "together").mkdir()
+    told: list[tuple[str, int]] = []  # what the progress line was told waits for the reference's turn
+    original = Progress.staged
+    monkeypatch.setattr(Progress, "staged", lambda bar, model, n: (told.append((model, n)), original(bar, model, n))[1])
     run_dir, outcome, info = run(tmp_path / "turns", APART)
+    for model in ("m1", "m2"):  # every candidate shard (2 targets x 2) waited, and none is left waiting
+        counts = [n for m, n in told if m == model]
+        assert max(counts) == len(CANDIDATES) * 2 and counts[-1] == 0, counts
     assert info["status"] == "complete" and not outcome.partial
     assert "taking turns: ref + vl need {'CPU': 6.5} at once, the cluster has {'CPU': 6.0};" in capsys.readouterr().err
     # The reference never held its CPUs beside a candidate.

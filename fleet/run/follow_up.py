@@ -63,6 +63,8 @@ class FollowUp:
             self.writer.commit(effects.committed)
         if effects.progress:
             self.bar.update(effects.progress, model=admitted.model.name)
+        if admitted.take_turns:
+            self.bar.staged(admitted.model.name, admitted.staged_waiting)
 
     def _to_reference(self, admitted: AdmittedModel, score: Score) -> None:
         """A candidate's shard goes to the reference: held in memory for it while it is up beside

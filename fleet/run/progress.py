@@ -38,6 +38,7 @@ class Progress:
         tick_s: float = 1.0,
     ) -> None:
         self.planned, self.done, self.tokens = planned, Counter[str](), Counter[str]()
+        self.waiting = Counter[str]()  # shards generated while taking turns, for the reference to score
         self.stream = stream or sys.stderr
         self.enabled, self.interval_s = enabled, interval_s
         self.tty = self.stream.isatty() if tty is None else tty
@@ -75,6 +76,12 @@ class Progress:
             elif self.enabled and now - self.last_line >= self.interval_s:
                 self._print()
 
+    def staged(self, model: str, waiting: int) -> None:
+        """`waiting` shards of `model` are generated and stored for the reference's turn (its
+        targets take turns): they count as done once it has scored them."""
+        with self.lock:
+            self.waiting[model] = waiting
+
     def started_model(self, model: str) -> None:
         """The model's actors are being started: its rate counts from here."""
         with self.lock:
@@ -89,13 +96,17 @@ class Progress:
         now, out = time.monotonic(), []
         for model, planned in self.planned.items():
             done, elapsed = self.done[model], now - self.started.get(model, now)
+            # While shards wait for the reference's turn the pace of stored shards says nothing of
+            # what is left (the reference scores them in a burst): no ETA then.
+            waiting = f", {self.waiting[model]} more generated, for the reference's turn" if self.waiting[model] else ""
             if not done:  # its actors starting (engines loading) or its first shards running; or waiting for room
                 since = f", {_duration(elapsed)} since its actors started" if model in self.started else ""
-                out.append(f"{model}: 0/{planned} shards{since}")
+                out.append(f"{model}: 0/{planned} shards{waiting}{since}")
                 continue
             rate = self.tokens[model] / elapsed if elapsed > 0 else 0.0
             eta = elapsed / done * (planned - done) if done < planned else 0.0
-            out.append(f"{model}: {done}/{planned} shards, {rate:,.0f} token rows stored/s, ETA {_duration(eta)}")
+            ahead = waiting or f", ETA {_duration(eta)}"
+            out.append(f"{model}: {done}/{planned} shards, {rate:,.0f} token rows stored/s{ahead}")
         return out
 
     def write(self, message: str) -> None:

@@ -212,6 +212,14 @@ class AdmittedModel:
             self.unscored -= 1
 
     @property
+    def staged_waiting(self) -> int:
+        """Candidate shards generated and stored while the model takes turns, not yet scored by the
+        reference (queued for it, or being scored)."""
+        ref = self.slots[self.ref]
+        pending = [*ref.queue, *([ref.current[1]] if ref.current is not None else [])]
+        return sum(isinstance(w, ScoreStaged) for w in pending)
+
+    @property
     def scoring_backlog(self) -> bool:
         """Enough candidate rows wait for the reference: candidates generate no more until it catches up."""
         return self.unscored >= MAX_UNSCORED and self.slots[self.ref].handle is not None
