@@ -215,9 +215,12 @@ class AdmittedModel:
     def staged_waiting(self) -> int:
         """Candidate shards generated and stored while the model takes turns, not yet scored by the
         reference (queued for it, or being scored)."""
+        return sum(isinstance(w, ScoreStaged) for w in self._reference_pending())
+
+    def _reference_pending(self) -> list[Work]:
+        """The reference's work queued or under way."""
         ref = self.slots[self.ref]
-        pending = [*ref.queue, *([ref.current[1]] if ref.current is not None else [])]
-        return sum(isinstance(w, ScoreStaged) for w in pending)
+        return [*ref.queue, *([ref.current[1]] if ref.current is not None else [])]
 
     @property
     def scoring_backlog(self) -> bool:
@@ -257,10 +260,9 @@ class AdmittedModel:
     def _unsettled(self, name: str) -> bool:
         """Rows that target `name`'s gates read are still to come: shards of it await the reference's
         scoring, or the reference's own shards (which its sequences are compared with) are not done."""
-        ref = self.slots[self.ref]
-        pending = [*ref.queue, *([ref.current[1]] if ref.current is not None else [])]
         return any(
-            isinstance(w, Generate) or (isinstance(w, Score | ScoreStaged) and w.shard.target == name) for w in pending
+            isinstance(w, Generate) or (isinstance(w, Score | ScoreStaged) and w.shard.target == name)
+            for w in self._reference_pending()
         )
 
     def start_waiting(self) -> None:
