@@ -165,6 +165,7 @@ class AdmittedModel:
         self.skipped: dict[str, str] = {}  # target -> why it was not run (`after:` did not pass)
         self.ref = manifest.reference
         self.slots = {t.name: ActorSlot(t, model, manifest, env=env, idle=idle) for t in manifest.targets}
+        self.staged_waiting = 0  # staged candidate shards queued for the reference or being scored
         for shard in plan.shards:
             if staged and shard.shard_id in staged:
                 self.stage(shard, staged[shard.shard_id])
@@ -205,22 +206,15 @@ class AdmittedModel:
         queue, score = self.slots[self.ref].queue, ScoreStaged(shard, weights, self.staging, sink=self.sink)
         ahead = (i for i, w in enumerate(queue) if not isinstance(w, Describe | Smoke | Score | ScoreStaged))
         queue.insert(next(ahead, len(queue)) if first else len(queue), score)
+        self.staged_waiting += 1
 
     def ended(self, work: Work) -> None:
-        """`work` is done or given up: a Score's rows are no longer held for the reference."""
+        """`work` is done or given up: a Score's rows are no longer held for the reference, a
+        staged shard no longer waits for it."""
         if isinstance(work, Score):
             self.unscored -= 1
-
-    @property
-    def staged_waiting(self) -> int:
-        """Candidate shards generated and stored while the model takes turns, not yet scored by the
-        reference (queued for it, or being scored)."""
-        return sum(isinstance(w, ScoreStaged) for w in self._reference_pending())
-
-    def _reference_pending(self) -> list[Work]:
-        """The reference's work queued or under way."""
-        ref = self.slots[self.ref]
-        return [*ref.queue, *([ref.current[1]] if ref.current is not None else [])]
+        elif isinstance(work, ScoreStaged):
+            self.staged_waiting -= 1
 
     @property
     def scoring_backlog(self) -> bool:
@@ -260,9 +254,10 @@ class AdmittedModel:
     def _unsettled(self, name: str) -> bool:
         """Rows that target `name`'s gates read are still to come: shards of it await the reference's
         scoring, or the reference's own shards (which its sequences are compared with) are not done."""
+        ref = self.slots[self.ref]
+        pending = [*ref.queue, *([ref.current[1]] if ref.current is not None else [])]
         return any(
-            isinstance(w, Generate) or (isinstance(w, Score | ScoreStaged) and w.shard.target == name)
-            for w in self._reference_pending()
+            isinstance(w, Generate) or (isinstance(w, Score | ScoreStaged) and w.shard.target == name) for w in pending
         )
 
     def start_waiting(self) -> None:
