@@ -10,6 +10,8 @@ import threading
 import time
 from typing import IO
 
+from fleet.run.progress import Ticker
+
 ERASE = "\r\x1b[K"  # back to the line's start, then clear it
 
 
@@ -22,8 +24,7 @@ class StatusLine:
         self.started = time.monotonic()
         self.step: str | None = None
         self.lock = threading.Lock()
-        self.done = threading.Event()
-        self.ticker = threading.Thread(target=self._tick, args=(tick_s,), name="fleet-report-status", daemon=True)
+        self.ticker = Ticker(self._draw, self.lock, tick_s, "fleet-report-status")  # the seconds move within a step
 
     def __call__(self, step: str) -> None:
         with self.lock:
@@ -35,24 +36,13 @@ class StatusLine:
             self.stream.write(f"{ERASE}report: {self.step} ({time.monotonic() - self.started:.0f} s)")
             self.stream.flush()
 
-    def _tick(self, every_s: float) -> None:
-        """The seconds move within a long step too: a line that stands still reads as a hang."""
-        while not self.done.wait(every_s):
-            with self.lock:
-                try:
-                    self._draw()
-                except (OSError, ValueError):  # the terminal went away
-                    return
-
     def __enter__(self) -> StatusLine:
         if self.on:
             self.ticker.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.done.set()
-        if self.ticker.is_alive():
-            self.ticker.join()
+        self.ticker.stop()
         if self.on:
             self.stream.write(ERASE)
             self.stream.flush()

@@ -16,7 +16,32 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import IO, Any
+
+
+class Ticker(threading.Thread):
+    """Calls `draw` under `lock` every `every_s` seconds until `stop()`, and stops by itself when
+    `draw` finds its stream gone (a pipe's reader, a terminal): a line that stands still while
+    nothing finishes reads as a hang (this bar, `fleet report`'s status line)."""
+
+    def __init__(self, draw: Callable[[], None], lock: threading.Lock, every_s: float, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.draw, self.lock, self.every_s = draw, lock, every_s
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every_s):
+            with self.lock:
+                try:
+                    self.draw()
+                except (OSError, ValueError):  # the stream closed under us
+                    return
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.is_alive():
+            self.join()
 
 
 def _duration(seconds: float) -> str:
@@ -51,8 +76,7 @@ class Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=sum(planned.values()), unit="shard", desc="shards+perf", file=self.stream)
-        self.closed = threading.Event()
-        self.ticker = threading.Thread(target=self._tick, args=(tick_s,), name="fleet-progress", daemon=True)
+        self.ticker = Ticker(self._tick, self.lock, tick_s, "fleet-progress")
         if enabled and planned:
             self.ticker.start()
 
@@ -117,19 +141,14 @@ class Progress:
             else:
                 print(message, file=self.stream, flush=True)
 
-    def _tick(self, every_s: float) -> None:
-        """The bar redrawn every `every_s` (its elapsed time and ETA move), or a plain line every
-        `interval_s`, whether or not work finished meanwhile."""
-        while not self.closed.wait(every_s):
-            with self.lock:
-                try:
-                    if self.bar is not None:
-                        self.bar.set_postfix_str(" | ".join(self.lines()), refresh=False)
-                        self.bar.refresh()
-                    elif time.monotonic() - self.last_line >= self.interval_s:
-                        self._print()
-                except (OSError, ValueError):  # the stream closed under us (a pipe's reader gone)
-                    return
+    def _tick(self) -> None:
+        """The bar redrawn (its elapsed time and ETA move), or a plain line once `interval_s` has
+        passed, whether or not work finished meanwhile."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(" | ".join(self.lines()), refresh=False)
+            self.bar.refresh()
+        elif time.monotonic() - self.last_line >= self.interval_s:
+            self._print()
 
     def _print(self) -> None:
         stamp = dt.datetime.now(dt.UTC).strftime("%H:%M:%S")
@@ -138,9 +157,7 @@ class Progress:
             print(f"[{stamp}] progress {line}", file=self.stream, flush=True)
 
     def close(self) -> None:
-        self.closed.set()
-        if self.ticker.is_alive():
-            self.ticker.join()
+        self.ticker.stop()
         if self.bar is not None:
             self.bar.close()
         elif self.enabled and (self.changed or not self.printed):
