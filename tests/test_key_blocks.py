@@ -37,6 +37,9 @@ def a_table(rng: np.random.Generator) -> pl.DataFrame:
         sets, ids = rng.choice(["a", "b"], n), rng.permutation([f"p{i}" for i in range(n)])
         if how == 1:  # a prompt twice in every target
             sets[-1], ids[-1] = sets[0], ids[0]
+        if how in (1, 6):  # the prompts in key order already (as prompt_stats hold them)
+            keyed = sorted(zip(sets, ids, strict=True))
+            sets, ids = np.array([s for s, _ in keyed]), np.array([i for _, i in keyed])
         for target in rng.permutation([REF, "c1", "c2", "c0"])[: rng.integers(2, 5)]:
             block = pl.DataFrame({"model": model, "target": target, "prompt_set": sets, "prompt_id": ids})
             if how == 2 and target != REF:  # a candidate's prompts in another order (another shard plan)
@@ -67,6 +70,7 @@ def test_blocks_give_the_join_and_sort_or_none() -> None:
         ordered = keys[found.rows].with_columns(rank=pl.Series(found.rank))
         expect = ordered.with_columns(pl.int_range(pl.len()).over("model", "target").alias("rank"))
         assert ordered.equals(expect)
+        assert found.runs.equals(key_blocks.runs(keys[found.rows]))  # where each candidate's rows lie
     assert min(outcomes.values()) > 50, outcomes  # both ways taken
 
 

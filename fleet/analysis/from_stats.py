@@ -76,6 +76,8 @@ class Pairs:
     request_row: np.ndarray | None = None
     # The requests' output ids, flat, as the pairing made them: the noise floor compares them too.
     ids: aligned.Lists | None = None
+    # key_blocks.runs of `seq`, where the pairing placed each candidate's rows (else found from seq's keys).
+    seq_runs: pl.DataFrame | None = None
 
     def without_ids(self) -> Pairs:
         """These pairs, the output ids let go (at 100M token rows they would add 0.4 GB to the
@@ -83,7 +85,10 @@ class Pairs:
         return replace(self, ids=None)
 
     @classmethod
-    def load(cls, requests: pl.DataFrame, stats: pl.LazyFrame, reference: str) -> Pairs:
+    def load(
+        cls, requests: pl.DataFrame, stats: pl.LazyFrame, reference: str, blocks: key_blocks.Blocks | None = None
+    ) -> Pairs:
+        """`blocks`: key_blocks.blocks of the requests' keys, where the caller has them."""
         is_ref = pl.col("target") == reference
         source = stats.filter(~is_ref)
         aggregated = bool(source.select(pl.col("tf_positions").is_not_null().all()).collect().item())
@@ -96,7 +101,7 @@ class Pairs:
         ]
         with ThreadPoolExecutor(1) as pool:
             reading = pool.submit(pl.collect_all, read)
-            seq, at_d, request_row, ids = cls._compared(requests, reference)
+            seq, at_d, found, ids = cls._compared(requests, reference, blocks)
             cand, ref = reading.result()
         keys = seq.select(CAND)
         # Each prompt's rank in key order within its candidate (the bootstrap's unit, noise_model.one),
@@ -125,22 +130,22 @@ class Pairs:
             one_to_one=one_to_one,
             aggregated=aggregated,
             source=source,
-            request_row=request_row,
+            request_row=found.rows if found is not None else None,
             ids=ids,
+            seq_runs=found.runs if found is not None else None,
         )
 
     @staticmethod
     def _compared(
-        requests: pl.DataFrame, reference: str
-    ) -> tuple[pl.DataFrame, pl.DataFrame, np.ndarray | None, aligned.Lists]:
-        """(seq, tokens_at_divergence, request_row, the output ids) of the candidates' requests
-        against the reference's."""
+        requests: pl.DataFrame, reference: str, blocks: key_blocks.Blocks | None
+    ) -> tuple[pl.DataFrame, pl.DataFrame, key_blocks.InKeyOrder | None, aligned.Lists]:
+        """(seq, tokens_at_divergence, the candidates' request rows in key order, the output ids) of
+        the candidates' requests against the reference's."""
         is_ref = pl.col("target") == reference
         # Keys paired and put in key order block by block where the requests allow it (key_blocks),
         # else joined alone; the id lists are compared where they lie, by row (a join, sort or
         # gather carrying the lists would copy every output token).
-        found = key_blocks.in_key_order(requests.select(CAND), reference)
-        request_row = found.rows if found is not None else None
+        found = key_blocks.in_key_order(requests.select(CAND), reference, blocks)
         if found is not None:
             cand_rows, ref_rows = found.rows, found.reference
             keys = requests.select(CAND)[cand_rows]
@@ -157,7 +162,7 @@ class Pairs:
         at_d = pl.DataFrame({"_cand_token": ids.at(cand_rows, at), "_ref_token": ids.at(ref_rows, at)}).select(
             pl.all().replace(-1, None).cast(pl.Int32)
         )
-        return seq, at_d, request_row, ids
+        return seq, at_d, found, ids
 
     def lists(self, name: str) -> pl.Series:
         """A list column of the cand rows, in their order: loaded with them, or read now."""
@@ -165,9 +170,13 @@ class Pairs:
             return self.cand[name]
         return self.source.select(name).collect()[name].gather(self.cand["_file_row"])
 
+    def seq_bounds(self) -> pl.DataFrame:
+        """key_blocks.runs of `seq`: RUN, first and end row of each candidate's seq rows."""
+        return self.seq_runs if self.seq_runs is not None else key_blocks.runs(self.seq)
+
     def candidates(self) -> Iterator[tuple[str, str, int, int, int, int]]:
         """(model, target, first cand row, end, first seq row, end) of each candidate's blocks."""
-        both = key_blocks.runs(self.cand).join(key_blocks.runs(self.seq), on=RUN, how="left", suffix="_seq")
+        both = key_blocks.runs(self.cand).join(self.seq_bounds(), on=RUN, how="left", suffix="_seq")
         yield from both.with_columns(pl.col("first_seq", "end_seq").fill_null(0)).iter_rows()
 
 

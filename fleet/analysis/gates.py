@@ -201,10 +201,13 @@ def expected_pairs(info: RunInfo) -> list[tuple[str, str]]:
     return [(m, t["name"]) for m in info.model_names for t in info.targets]
 
 
-def incomplete(info: RunInfo, requests: pl.DataFrame) -> dict[tuple[str, str], str]:
+def incomplete(
+    info: RunInfo, requests: pl.DataFrame, blocks: key_blocks.Blocks | None = None
+) -> dict[tuple[str, str], str]:
     """(model, target) -> why its results are incomplete: the target failed or was not run, some
     of its shards (or probes, or perf levels) failed, or it lacks prompts the reference answered.
-    A failed reference leaves every candidate of its model incomplete: their rows are not compared."""
+    A failed reference leaves every candidate of its model incomplete: their rows are not compared.
+    `blocks`: key_blocks.blocks of the requests' keys, where the caller has them."""
     reference = info.reference
     models = set(info.model_names) | set(requests["model"].unique())
     targets = {t["name"]: t for t in info.targets}
@@ -216,7 +219,7 @@ def incomplete(info: RunInfo, requests: pl.DataFrame) -> dict[tuple[str, str], s
         model, _, rest = shard.partition("/")
         found.setdefault((model, rest.split("/")[0]), []).append(f"failed shard {shard}")
     # Coverage: every parity candidate answers every prompt the reference answered.
-    n_ref, n_both = _answered(requests, reference)
+    n_ref, n_both = _answered(requests, reference, blocks)
     for model in models:
         answered = n_ref.get(model, 0)
         for name, spec in targets.items():
@@ -232,12 +235,14 @@ def incomplete(info: RunInfo, requests: pl.DataFrame) -> dict[tuple[str, str], s
     return {pair: "; ".join(reasons)[:300] for pair, reasons in found.items()}
 
 
-def _answered(requests: pl.DataFrame, reference: str) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+def _answered(
+    requests: pl.DataFrame, reference: str, blocks: key_blocks.Blocks | None = None
+) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
     """Per model, how many distinct prompts the reference answered; per (model, target), how many
     of those the target answered. Counted from the blocks where the requests are in them
     (fleet/analysis/key_blocks.py), else in Polars: not as Python sets, a demo run at 10 M token
     rows has ~900k (target, prompt) pairs."""
-    found = key_blocks.blocks(requests.select("model", "target", "prompt_set", "prompt_id"))
+    found = blocks or key_blocks.blocks(requests.select("model", "target", "prompt_set", "prompt_id"))
     if found is not None:  # every target of a model answered the same prompts, none twice
         sizes = {(model, target): end - first for model, target, first, end in found.runs.iter_rows()}
         n_ref = {model: n for (model, target), n in sizes.items() if target == reference}

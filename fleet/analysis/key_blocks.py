@@ -47,11 +47,24 @@ def blocks(keys: pl.DataFrame) -> Blocks | None:
                 return None
             continue
         first_block[model] = block
-        order[model] = key_order.arg_sort_by(block, PROMPT[1:]).to_numpy().astype(np.int64)
-        in_order = block[order[model]]
-        if in_order.select(pl.all_horizontal(pl.all().eq_missing(pl.all().shift()))).to_series().any():
+        in_order = _key_order(block)
+        if in_order is None:
             return None  # a prompt twice: a join pairs each copy with each, not row by row
+        order[model] = in_order
     return Blocks(found, order)
+
+
+def _key_order(block: pl.DataFrame) -> np.ndarray | None:
+    """The offsets of a block's rows in key order; None where a prompt is there twice. A block in key
+    order already (prompt_stats: each shard writes its prompts sorted) is checked, not sorted."""
+    order_of = key_order.sorted_order(block, PROMPT[1:])
+    if order_of is None:
+        return np.arange(block.height, dtype=np.int64)
+    order = order_of.to_numpy().astype(np.int64)
+    in_order = block[order]
+    if in_order.select(pl.all_horizontal(pl.all().eq_missing(pl.all().shift()))).to_series().any():
+        return None
+    return order
 
 
 @dataclass(frozen=True)
@@ -61,17 +74,20 @@ class InKeyOrder:
     rows: np.ndarray  # the candidates' rows, in key order
     reference: np.ndarray  # per entry of `rows`, the reference's row of the same prompt
     rank: np.ndarray  # per entry of `rows`, its rank within its candidate (0, 1, ...)
+    runs: pl.DataFrame  # RUN, first, end of each candidate's entries in `rows` (as `runs` of them)
 
 
-def in_key_order(keys: pl.DataFrame, reference: str) -> InKeyOrder | None:
+def in_key_order(keys: pl.DataFrame, reference: str, found: Blocks | None = None) -> InKeyOrder | None:
     """`keys` (CAND of a table's rows) in key order, found block by block; None where the rows are
-    not in Blocks, or a model's candidates have no reference rows (the caller then joins and sorts)."""
-    found = blocks(keys)
+    not in Blocks, or a model's candidates have no reference rows (the caller then joins and sorts).
+    `found`: blocks(keys), where the caller has it."""
+    found = found or blocks(keys)
     if found is None:
         return None
     ref_first = {model: first for model, _, first, _ in found.runs.filter(pl.col("target") == reference).iter_rows()}
     rows, refs, ranks = [], [], []
-    for model, _target, first, end in found.runs.filter(pl.col("target") != reference).sort(RUN).iter_rows():
+    candidates = found.runs.filter(pl.col("target") != reference).sort(RUN)
+    for model, _target, first, end in candidates.iter_rows():
         if model not in ref_first:
             return None
         rows.append(first + found.order[model])
@@ -79,7 +95,10 @@ def in_key_order(keys: pl.DataFrame, reference: str) -> InKeyOrder | None:
         ranks.append(np.arange(end - first, dtype=np.int64))
     if not rows:
         return None
-    return InKeyOrder(np.concatenate(rows), np.concatenate(refs), np.concatenate(ranks))
+    sizes = (candidates["end"] - candidates["first"]).cast(pl.Int64)
+    ends = sizes.cum_sum()
+    placed = candidates.select(*RUN).with_columns(first=(ends - sizes).cast(pl.UInt32), end=ends.cast(pl.UInt32))
+    return InKeyOrder(np.concatenate(rows), np.concatenate(refs), np.concatenate(ranks), placed)
 
 
 def runs(frame: pl.DataFrame) -> pl.DataFrame:
@@ -98,8 +117,12 @@ def run_starts(frame: pl.DataFrame) -> np.ndarray:
     """The rows where (model, target) differs from the row before (row 0 included), nulls equal to
     nulls: runs of equal values numbered, no hashing of every row's strings. (Comparing each row
     with its shifted neighbour copied the strings of a table read from many files: 0.7 s and
-    0.7 GB at 100M token rows.)"""
+    0.7 GB at 100M token rows.) Each column's runs apart: a struct of columns chunked unlike
+    (a table read from many files, keys concatenated) copies their strings to line them up
+    (0.8 s at 100M token rows)."""
     if not frame.height:
         return np.zeros(0, dtype=np.int64)
-    run = pl.select(pl.struct(*(frame[c] for c in RUN)).rle_id()).to_series().to_numpy()
-    return np.flatnonzero(np.diff(run, prepend=-1))
+    change = np.zeros(frame.height, dtype=bool)
+    for c in RUN:
+        change |= np.diff(frame[c].rle_id().to_numpy(), prepend=-1).astype(bool)
+    return np.flatnonzero(change)

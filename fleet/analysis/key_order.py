@@ -25,9 +25,26 @@ def sort_by(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
 
 def arg_sort_by(frame: pl.DataFrame, keys: Sequence[str]) -> pl.Series:
     """The row order of `sort_by`."""
+    joined = _joined(frame, keys)
+    return frame.select(pl.arg_sort_by(list(keys)) if joined is None else joined.arg_sort()).to_series()
+
+
+def sorted_order(frame: pl.DataFrame, keys: Sequence[str]) -> pl.Series | None:
+    """`arg_sort_by`, or None where the rows are in that order already with no two holding the same
+    keys: checked in one pass where the keys join into one string, not sorted again."""
+    joined = _joined(frame, keys)
+    if joined is None:
+        return frame.select(pl.arg_sort_by(list(keys))).to_series()
+    if frame.height < 2 or frame.select((joined < joined.shift(-1)).all()).item():  # the last row's null: ignored
+        return None
+    return frame.select(joined.arg_sort()).to_series()
+
+
+def _joined(frame: pl.DataFrame, keys: Sequence[str]) -> pl.Expr | None:
+    """The keys as one string that sorts as they do, or None where a multi-column sort must be used."""
     columns = list(keys)
     if len(columns) > 1 and all(frame.schema[c] == pl.String for c in columns):
         plain = (pl.col(c).is_not_null().all() & ~pl.col(c).str.contains(_SEP, literal=True).any() for c in columns)
         if frame.select(pl.all_horizontal(*plain)).item():
-            return frame.select(pl.concat_str(columns, separator=_SEP).arg_sort()).to_series()
-    return frame.select(pl.arg_sort_by(columns)).to_series()
+            return pl.concat_str(columns, separator=_SEP)
+    return None

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from fleet.analysis import aligned, key_blocks, prefix_pairs
+from fleet.analysis import aligned, prefix_pairs
 from fleet.analysis.missing import no_nan
 from fleet.analysis.parity import CAND, PROMPT, Frame, sequences
 
@@ -80,7 +80,7 @@ def _from_pairs(pairs: Pairs, requests: Frame, copy: str, original: str) -> list
     Pairs cannot tell (a side is the reference, or some requests are not in blocks)."""
     if pairs.request_row is None or not isinstance(requests, pl.DataFrame):
         return None
-    spans = {(model, target): (first, end) for model, target, first, end in key_blocks.runs(pairs.seq).iter_rows()}
+    spans = {(model, target): (first, end) for model, target, first, end in pairs.seq_bounds().iter_rows()}
     if not any(target == copy for _, target in spans) or not any(target == original for _, target in spans):
         return None  # a side is the reference, or did not run (then there is nothing to compare)
     ids = pairs.ids if pairs.ids is not None else aligned.Lists(requests["output_token_ids"])
