@@ -74,6 +74,38 @@ def test_blocks_give_the_join_and_sort_or_none() -> None:
     assert min(outcomes.values()) > 50, outcomes  # both ways taken
 
 
+def test_tables_compared_block_by_block_as_row_by_row() -> None:
+    """same_entries (the pairing's check that prompt_stats rows line up with the requests') says
+    what comparing every entry's keys says: for another table of the same prompts in another
+    order, and for one that lacks a candidate, a prompt or holds another."""
+    rng = np.random.default_rng(11)
+    outcomes = {True: 0, False: 0}
+    for _ in range(300):
+        keys = a_table(rng)
+        found = key_blocks.in_key_order(keys, REF)
+        if found is None:
+            continue
+        change = rng.integers(0, 4)
+        # One permutation of each model's prompts, for every block of it (another shard plan).
+        order: dict[str, np.ndarray] = {}
+        parts = []
+        for block in keys.partition_by("model", "target", maintain_order=True):
+            parts.append(block[order.setdefault(block["model"][0], rng.permutation(block.height))])
+        other = pl.concat(parts)
+        if change == 1:  # a candidate missing
+            candidates = other.filter(pl.col("target") != REF)["target"].unique().sort()
+            other = other.filter(pl.col("target") != candidates[0])
+        elif change == 2:  # another prompt in every block
+            other = other.with_columns(prompt_id=pl.col("prompt_id").replace("p0", "p9"))
+        other_found = key_blocks.in_key_order(other, REF)
+        if other_found is None:
+            continue
+        by_rows = keys[found.rows].equals(other[other_found.rows])
+        assert key_blocks.same_entries(found, other_found) == by_rows, (keys, other)
+        outcomes[by_rows] += 1
+    assert min(outcomes.values()) > 20, outcomes  # both answers met
+
+
 def test_a_candidates_prompt_stats_in_another_order_give_the_same_figures(tmp_path: Path) -> None:
     """prompt_stats rows not in the reference's order (here a candidate's file reversed): the
     report sorts them on their keys and its figures are still those of the token rows."""

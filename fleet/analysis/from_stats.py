@@ -111,7 +111,10 @@ class Pairs:
         if stored is not None:
             prompt = np.empty(cand.height, dtype=np.int64)
             prompt[stored.rows] = stored.rank
-            one_to_one = cand.select(CAND)[stored.rows].equals(keys)
+            if found is not None:  # seq's rows are found.rows: the two compared block by block
+                one_to_one = key_blocks.same_entries(stored, found)
+            else:
+                one_to_one = cand.select(CAND)[stored.rows].equals(keys)
             cand_rows = stored.rows if one_to_one else _rows_of(keys, cand.select(CAND), CAND)
             ref_rows = stored.reference - cand.height if one_to_one else _rows_of(keys, ref.select(PROMPT), PROMPT)
             cand = cand.with_columns(prompt=pl.Series(prompt))

@@ -45,11 +45,12 @@ def from_pairs(pairs: from_stats.Pairs, stats: pl.LazyFrame, spec: NoiseSpec) ->
     # The lists the divergences read are decoded while the per-candidate figures run in numpy, each
     # on a core of its own (docs/measurements.md, "fleet report ..., third pass").
     with ThreadPoolExecutor(1) as pool:
-        needed = stats_divergences.needs_lists(pairs)  # not where every divergence is its split
-        lists = pool.submit(stats_divergences.at_divergence_lists, stats, pairs.reference) if needed else None
+        found = stats_divergences.located(pairs)
+        # The lists of every position, unless every divergence is its prompt's split.
+        lists = None if found.at_splits else pool.submit(stats_divergences.at_divergence_lists, stats, pairs.reference)
         parity, noise_table, own = from_stats.figures(pairs, first, spec)
         per_prompt = stats_divergences.divergences(
-            pairs, stats, spec, noise_table, lists=lists.result() if lists is not None else None
+            pairs, stats, spec, noise_table, lists=lists.result() if lists is not None else None, found=found
         )
     parity = parity.join(stats_divergences.summary_of(per_prompt, own, noise_table), on=["model", "target"], how="left")
     return parity, first, per_prompt, pairs.seq
