@@ -136,10 +136,8 @@ def split_values(pairs: Pairs, found: Located) -> dict[str, pl.Series] | None:
     if not found.at_splits:
         return None
     columns = {"_ref_lp": "split_ref_logprob"} | {listed: name for name, listed in SPLIT.items()}
-    # All columns in one gather and one mask, which Polars runs a column per thread.
-    values = pairs.cand.select(**columns)[found.where]
-    asked = pl.Series(found.at != NO_POSITION)
-    return values.select(pl.when(asked).then(pl.all()).name.keep()).to_dict()
+    where, asked = found.where, found.at != NO_POSITION
+    return {key: pairs.cand[name].gather(where).set(pl.Series(~asked), None) for key, name in columns.items()}
 
 
 def _at_rows(lists: pl.DataFrame, rows: np.ndarray, positions: np.ndarray) -> dict[str, pl.Series]:
