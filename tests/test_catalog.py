@@ -55,6 +55,26 @@ def test_duckdb_reads_a_run_and_agrees_with_the_report(tmp_path: Path) -> None:
     assert hive == [("r1", "m", "0123456789abcdef", t) for t in ("cand", "cand2", "ref")]
 
 
+def test_the_readmes_duckdb_statement_reads_every_run_of_a_root(tmp_path: Path) -> None:
+    """The one-liner the README shows, as written there, over a root of two runs: every run's
+    token rows, by run and target, as many as each run's tokens table holds."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    line = next(s for s in readme.splitlines() if s.strip().startswith('duckdb -c "'))
+    sql = line.strip().removeprefix('duckdb -c "').removesuffix('"')
+    root = tmp_path / "results"
+    write_run(root / "a", {"cand": SAME})
+    write_run(root / "b", {"cand": DIVERGED, "cand2": SAME})
+    with pytest.MonkeyPatch.context() as env:
+        env.chdir(tmp_path)  # the statement names results/ where the reader stands
+        got = sorted(duckdb.sql(sql).fetchall())
+    expect = sorted(
+        (run, target, n)
+        for run in "ab"
+        for target, n in query.query(root / run, "SELECT target, count(*) FROM tokens GROUP BY target").rows()
+    )
+    assert got == expect and {run for run, _, _ in got} == {"a", "b"}
+
+
 def test_a_results_root_lists_runs_and_answers_one_query(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "results"
     write_run(root / "a", {"cand": SAME})
