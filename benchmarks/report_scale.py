@@ -9,6 +9,10 @@ cores), unless `--keep DIR` builds it there, or reuses what an earlier call buil
 
     .venv/bin/python benchmarks/report_scale.py SOURCE_RUN [--rows 10000000 100000000] [--calls 3]
 
+First, the source run's figures from its prompt_stats (what the report reads at scale) are compared
+with the same figures from its token rows, within docs/metrics.md's tolerance, and printed: on a
+`make demo` run, the aggregates against the exact figures of the demo's own rows.
+
 SOURCE_RUN: a finished run directory (e.g. one of `make demo`). A run from before prompt_stats (or
 from before one of its columns) gets them computed from its token rows (as its shards would write them today); with
 `--no-prompt-stats` the copy has none, and the report reads token rows (the path older runs take).
@@ -150,6 +154,46 @@ def report_once(dest: Path, n_rows: int, top: int, *, stats: bool) -> dict[str, 
     return {"wall_s": wall, "peak_rss_mib": peak, "token_rows": n_rows, "lines": lines}
 
 
+def agreement(source: Path) -> bool:
+    """Print whether the source run's figures from its prompt_stats (what the report reads) agree
+    with those from its token rows, within the tolerance docs/metrics.md states (1e-9 relative,
+    1e-12 absolute: only the order of additions differs); the largest relative difference of each."""
+    from polars.testing import assert_frame_equal
+
+    from fleet.analysis.noise_model import NoiseSpec
+    from fleet.report import figures
+    from fleet.results import reader
+
+    info, scans = reader.read_info(source), reader.load(source)
+    if not reader.covers(source, "prompt_stats", "tokens"):
+        print(f"{source}: no prompt_stats beside every tokens file: nothing to compare")
+        return True
+    requests, spec = scans["requests"].collect(), NoiseSpec.from_info(info)
+    exact = figures.from_token_rows(requests, scans["tokens"], info.reference, spec)
+    merged = figures.from_prompt_stats(requests, scans["prompt_stats"], info.reference, spec)
+    agreed = True
+    for name, a, b in zip(("parity", "first step", "divergences", "sequences"), exact, merged, strict=True):
+        try:
+            assert_frame_equal(a, b, check_exact=False, rel_tol=1e-9, abs_tol=1e-12)
+            same = True
+        except AssertionError:
+            same = agreed = False
+        numbers = [c for c, t in a.schema.items() if t.is_float() and c in b.columns] if a.height == b.height else []
+        worst = max(
+            (
+                float(((a[c] - b[c]).abs() / a[c].abs().clip(lower_bound=1e-300)).fill_nan(None).max() or 0.0)
+                for c in numbers
+            ),
+            default=0.0,
+        )
+        print(
+            f"  {name}: {a.height:,} rows, from prompt_stats {'agree' if same else 'DIFFER'} with token rows "
+            f"(largest relative difference {worst:.1e})",
+            flush=True,
+        )
+    return agreed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", type=Path)
@@ -161,6 +205,9 @@ def main() -> None:
         "--calls", type=int, default=3, help="reports per size, each printed, then their median (one call varies)"
     )
     args = parser.parse_args()
+    print(f"the figures of {args.source}, from its prompt_stats against its token rows:", flush=True)
+    if not agreement(args.source):
+        raise SystemExit("the figures from prompt_stats differ from those from token rows")
     results = [
         measure(args.source, rows, args.top, stats=args.stats, keep=args.keep, calls=args.calls) for rows in args.rows
     ]
