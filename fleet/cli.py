@@ -192,7 +192,7 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_PARTIAL if unresolved else EXIT_OK
 
 
-def _analysing() -> None:
+def _library_defaults() -> None:
     """Settings of the libraries under a report, made before they load (nothing of the CLI has
     imported Polars or numpy yet); a user's own setting wins."""
     # Polars' allocator (jemalloc) keeps freed pages for reuse; a report is one pass that frees large
@@ -208,7 +208,7 @@ def _analysing() -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    _analysing()
+    _library_defaults()
     from fleet.analysis import gates
 
     for out in (args.html, args.markdown):
@@ -294,7 +294,7 @@ def _summarize(run_dir: str | Path, chosen: list[Gate] | None = None, *, top: in
 
 
 def _compare(args: argparse.Namespace) -> int:
-    _analysing()
+    _library_defaults()
     from fleet.analysis import gates
     from fleet.report import compare
     from fleet.report.status import StatusLine
