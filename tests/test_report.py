@@ -430,3 +430,20 @@ def test_perf_gates_name_their_scenario_and_level(tmp_path: Path) -> None:
         Gate.model_validate({"metric": "perf_output_tok_s", "op": ">=", "threshold": 1.0})
     with pytest.raises(ValueError, match="apply to perf_\\* metrics only"):
         Gate.model_validate({"metric": "output_tok_s", "op": ">=", "threshold": 1.0, "level": 1})
+
+
+def test_targets_of_a_model_that_loaded_different_weights_are_named(tmp_path: Path) -> None:
+    """Every target of a model must have loaded the same bytes: a candidate whose shards record
+    another weights digest puts a warning among the notices (read from the shards table)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run = write_run(tmp_path / "r", {"cand": SAME, "cand2": SAME})
+    assert not [n for n in RunReport.build(run, gates=[]).notices if "different weights" in n]
+    for table in ("requests", "tokens", "shards"):
+        for file in (run / table).glob("**/target=cand2/*.parquet"):
+            rows = pq.read_table(file)
+            digest = pa.array(["fedcba9876543210"] * rows.num_rows, pa.string())
+            pq.write_table(rows.set_column(rows.schema.get_field_index("model_weights"), "model_weights", digest), file)
+    notices = RunReport.build(run, gates=[]).notices
+    assert "WARNING m: targets loaded different weights ['0123456789abcdef', 'fedcba9876543210']" in notices, notices
