@@ -25,19 +25,20 @@ def sort_by(frame: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
 
 def arg_sort_by(frame: pl.DataFrame, keys: Sequence[str]) -> pl.Series:
     """The row order of `sort_by`."""
-    joined = _joined(frame, keys)
-    return frame.select(pl.arg_sort_by(list(keys)) if joined is None else joined.arg_sort()).to_series()
+    return _arg_sort(frame, keys, _joined(frame, keys))
 
 
 def sorted_order(frame: pl.DataFrame, keys: Sequence[str]) -> pl.Series | None:
     """`arg_sort_by`, or None where the rows are in that order already with no two holding the same
     keys: checked in one pass where the keys join into one string, not sorted again."""
     joined = _joined(frame, keys)
-    if joined is None:
-        return frame.select(pl.arg_sort_by(list(keys))).to_series()
-    if frame.height < 2 or frame.select((joined < joined.shift(-1)).all()).item():  # the last row's null: ignored
-        return None
-    return frame.select(joined.arg_sort()).to_series()
+    if joined is not None and (frame.height < 2 or frame.select((joined < joined.shift(-1)).all()).item()):
+        return None  # (the last row's comparison is null, which `all` ignores)
+    return _arg_sort(frame, keys, joined)
+
+
+def _arg_sort(frame: pl.DataFrame, keys: Sequence[str], joined: pl.Expr | None) -> pl.Series:
+    return frame.select(pl.arg_sort_by(list(keys)) if joined is None else joined.arg_sort()).to_series()
 
 
 def _joined(frame: pl.DataFrame, keys: Sequence[str]) -> pl.Expr | None:
